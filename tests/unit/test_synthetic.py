@@ -1,0 +1,134 @@
+"""The synthetic arithmetic task: correct worked solutions, disjoint splits, consistent corruptions."""
+
+import random
+
+import pytest
+
+from rlft.data.formatting import DEFAULT_TEMPLATE
+from rlft.data.synthetic import (
+    TaskSpec,
+    apply_op,
+    corrupt_steps,
+    make_problem,
+    make_splits,
+    parse_step,
+    preference_rows,
+    step_label_rows,
+)
+
+SMALL = TaskSpec(num_train=300, num_test=60, seed=3)
+
+
+def check_chain(steps: list[str]) -> list[bool]:
+    """For each step: is its result the true value of its left-hand side? Also checks chaining."""
+    ok, previous = [], None
+    for step in steps:
+        value, op, operand = parse_step(step)
+        result = int(step.split("=")[1])
+        assert previous is None or value == previous, "each step starts from the previous result"
+        assert result >= 0
+        ok.append(apply_op(value, op, operand) == result)
+        previous = result
+    return ok
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return make_splits(SMALL)
+
+
+def test_problem_is_correct_and_gsm8k_formatted():
+    rng = random.Random(0)
+    for _ in range(50):
+        p = make_problem(rng, TaskSpec(operations="+-*"))
+        assert all(check_chain(p["steps"]))
+        assert p["final"] == p["steps"][-1].split("=")[1]
+        assert p["answer"] == "\n".join(p["steps"]) + f"\n#### {p['final']}"
+        assert p["question"].endswith("have?")
+        # every operand is stated in the question
+        for step in p["steps"]:
+            _, _, operand = parse_step(step)
+            assert str(operand) in p["question"]
+
+
+def test_example_matches_spec_shape():
+    p = make_problem(random.Random(1), TaskSpec(min_ops=2, max_ops=2))
+    assert len(p["steps"]) == 2
+    assert p["question"].count("Then ") == 1
+
+
+def test_default_sequences_are_short(splits):
+    train, _ = splits
+    longest = max(len(DEFAULT_TEMPLATE.format(question=r["question"]) + r["answer"]) for r in train)
+    assert longest < 170
+
+
+def test_splits_are_deterministic_and_disjoint(splits):
+    train, test = splits
+    assert len(train) == 300 and len(test) == 60
+    assert make_splits(SMALL) == (train, test)
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    assert len({r["question"] for r in train}) == 300
+    other_train, _ = make_splits(TaskSpec(num_train=300, num_test=60, seed=4))
+    assert other_train != train
+
+
+def test_too_small_task_raises():
+    spec = TaskSpec(min_ops=1, max_ops=1, max_operand=2, num_names=1, num_items=1, num_templates=1,
+                    operations="+", num_train=100, num_test=10)
+    with pytest.raises(ValueError, match="too small"):
+        make_splits(spec)
+
+
+@pytest.mark.parametrize("bad", [dict(operations="+/"), dict(min_ops=3, max_ops=2), dict(num_names=99)])
+def test_spec_validation(bad):
+    with pytest.raises(ValueError):
+        TaskSpec(**bad)
+
+
+def test_corruption_is_one_slip_carried_forward(splits):
+    train, _ = splits
+    rng = random.Random(0)
+    firsts = set()
+    for p in train[:100]:
+        steps, first = corrupt_steps(p, rng)
+        firsts.add(first)
+        assert len(steps) == len(p["steps"])
+        assert steps[:first] == p["steps"][:first]
+        ok = check_chain(steps)
+        assert ok == [i != first for i in range(len(steps))]
+        assert steps[-1].split("=")[1] != p["final"]
+    assert firsts == {0, 1, 2}
+
+
+def test_preference_rows(splits):
+    train, _ = splits
+    rows = preference_rows(train[:20], seed=0)
+    assert rows == preference_rows(train[:20], seed=0)
+    for row, p in zip(rows, train):
+        assert row["question"] == p["question"] and row["chosen"] == p["answer"]
+        *lines, last = row["rejected"].split("\n")
+        assert last == "#### " + lines[-1].split("=")[1]
+        assert last != f"#### {p['final']}"
+
+
+def test_step_labels_follow_hard_estimate(splits):
+    train, _ = splits
+    rows = step_label_rows(train[:80], seed=1, frac_correct=0.5)
+    n_correct = 0
+    for row, p in zip(rows, train):
+        *lines, final = row["steps"]
+        assert len(row["labels"]) == len(row["steps"])
+        assert final == "#### " + lines[-1].split("=")[1]
+        ok = check_chain(lines)
+        expected = [int(all(ok[: i + 1])) for i in range(len(lines))]
+        assert row["labels"] == expected + [expected[-1]]
+        n_correct += all(row["labels"])
+        assert all(row["labels"]) == (final == f"#### {p['final']}")
+    assert 20 < n_correct < 60
+
+
+def test_step_label_fractions(splits):
+    train, _ = splits
+    assert all(all(r["labels"]) for r in step_label_rows(train[:30], seed=0, frac_correct=1.0))
+    assert not any(all(r["labels"]) for r in step_label_rows(train[:30], seed=0, frac_correct=0.0))
