@@ -1,0 +1,102 @@
+"""Pure tensor functions for every rlft algorithm (maths: ALGORITHMS.md).
+
+The training loop picks each piece by name from a registry whose entries share
+one signature, so it never branches on the algorithm:
+
+    ADVANTAGES      fn(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput(adv, returns)
+    POLICY_LOSSES   fn(logp, old_logp, adv, mask, cfg: PolicyLossConfig) -> (loss [B, T], metrics)
+    P3O_LOSSES      fn(logp1, old_logp1, mask1, logp2, old_logp2, mask2, delta, cfg: P3OConfig) -> (loss [P], metrics)
+    KL_ESTIMATORS   fn(logp, ref_logp) -> Tensor (elementwise)
+    AGGREGATIONS    fn(loss [B, T], mask [B, T], denom: AggDenominator | None) -> scalar
+
+One GRPO-style step, for example:
+
+    out = ADVANTAGES.get(cfg.adv.estimator)(AdvantageInputs(scores, mask, group_size=G), cfg.adv)
+    loss, metrics = POLICY_LOSSES.get(cfg.policy_loss)(logp, old_logp, out.adv, mask, cfg.pl)
+    loss = loss + beta * KL_ESTIMATORS.get("k3")(logp, ref_logp)
+    scalar = AGGREGATIONS.get(cfg.loss_agg)(loss, mask, denom)   # denom: counts of the whole step
+"""
+
+from rlft.algos.advantages import (
+    ADVANTAGES,
+    AdvantageConfig,
+    AdvantageInputs,
+    AdvantageOutput,
+    check_group_size,
+    dynamic_sampling_keep_mask,
+    frac_zero_std_groups,
+    group_normalize,
+    group_stats,
+    leave_one_out,
+    overlong_penalty,
+)
+from rlft.algos.aggregate import AGGREGATIONS, AggDenominator, agg_denominator, aggregate
+from rlft.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController
+from rlft.algos.masked import masked_mean, masked_sum, masked_var, sequence_logp, whiten, zero_masked
+from rlft.algos.policy_losses import (
+    P3O_LOSSES,
+    POLICY_LOSSES,
+    P3OConfig,
+    PolicyLossConfig,
+    importance_ratio,
+    p3o_aggregate,
+    p3o_denominator,
+    p3o_pair_indices,
+    p3o_reward_delta,
+)
+from rlft.algos.preference import (
+    bradley_terry_loss,
+    bt_ranking_loss,
+    dpo_loss,
+    math_shepherd_labels,
+    prm_bce_loss,
+    solution_score_min,
+)
+from rlft.algos.value import explained_variance, gae, kl_shaped_rewards, score_at_last_token, value_loss
+
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "P3O_LOSSES",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "AdvantageConfig",
+    "AdvantageInputs",
+    "AdvantageOutput",
+    "AggDenominator",
+    "FixedKLController",
+    "P3OConfig",
+    "PolicyLossConfig",
+    "agg_denominator",
+    "aggregate",
+    "bradley_terry_loss",
+    "bt_ranking_loss",
+    "check_group_size",
+    "dpo_loss",
+    "dynamic_sampling_keep_mask",
+    "explained_variance",
+    "frac_zero_std_groups",
+    "gae",
+    "group_normalize",
+    "group_stats",
+    "importance_ratio",
+    "kl_shaped_rewards",
+    "leave_one_out",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "math_shepherd_labels",
+    "overlong_penalty",
+    "p3o_aggregate",
+    "p3o_denominator",
+    "p3o_pair_indices",
+    "p3o_reward_delta",
+    "prm_bce_loss",
+    "score_at_last_token",
+    "sequence_logp",
+    "solution_score_min",
+    "value_loss",
+    "whiten",
+    "zero_masked",
+]

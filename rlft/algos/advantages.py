@@ -1,0 +1,324 @@
+"""Advantage estimators (ALGORITHMS.md §3, §4, §5, §6, §8) and reward shaping.
+
+Registry signature (ADVANTAGES):
+
+    fn(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput(adv [B, T], returns [B, T] | None)
+
+`adv` is per token and 0 on masked positions; `returns` is set by estimators
+that have them (gae: critic targets; reinforce_pp*: returns-to-go), else None.
+Responses are laid out contiguously, `group_size` (G) per prompt: rows
+[k*G, (k+1)*G) share prompt k. Group-relative estimators reject G < 2.
+
+    grpo                   (r - mean_g r) / (std_g r + eps_adv), broadcast over tokens (§4)
+    dr_grpo                r - mean_g r  (grpo without std scaling, §6)
+    grpo_process           pooled step-reward normalisation, A_t = sum of steps ending at or after t (§4)
+    rloo                   R = score - beta * sum_t k1;  A_i = R_i - mean_{j != i} R_j (§8)
+    reinforce_pp           returns-to-go of r_t = 1[t=T] score - beta k1_t, global whitening (§8)
+    reinforce_pp_baseline  as reinforce_pp after subtracting the group-mean score (§8)
+    gae                    PPO: KL-shaped token rewards, GAE, optional whitening (§3)
+    rft                    online RFT: 1[score > rft_threshold] broadcast over tokens (§5)
+
+KL-in-reward estimators (rloo, reinforce_pp*, gae) use cfg.kl_coef and need
+old_logp and ref_logp when it is non-zero; the KL is taken at pi_old.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+from torch import Tensor
+
+from rlft.algos.kl import KL_ESTIMATORS
+from rlft.algos.masked import masked_mean, masked_sum, masked_var, whiten, zero_masked
+from rlft.algos.value import gae as gae_recursion
+from rlft.algos.value import score_at_last_token
+from rlft.registry import Registry
+
+ADVANTAGES = Registry("advantage estimator")
+
+
+@dataclass
+class AdvantageInputs:
+    """Everything an estimator may read. Shapes: B responses, T token columns."""
+
+    scores: Tensor  # [B] outcome reward per response
+    mask: Tensor  # [B, T] response mask
+    group_size: int = 1  # G responses per prompt, contiguous rows
+    step_ends: Sequence[Sequence[int]] | None = None  # per response: 0-based column of each step's last token
+    step_scores: Sequence[Sequence[float]] | None = None  # per response: PRM score of each step
+    old_logp: Tensor | None = None  # [B, T] log-probs under pi_old (KL-in-reward estimators)
+    ref_logp: Tensor | None = None  # [B, T] log-probs under pi_ref
+    values: Tensor | None = None  # [B, T] critic values at rollout (gae)
+
+
+@dataclass
+class AdvantageConfig:
+    """Options read by the estimators; each ignores those it does not use."""
+
+    eps_adv: float = 1e-4  # added to the group std (TRL 1e-4, verl 1e-6)
+    std_unbiased: bool = True  # Bessel (n-1) std, as TRL/verl; False = population std
+    scale_by_std: bool = True  # grpo: divide by the std; False = Dr. GRPO mean-only
+    kl_coef: float = 0.0  # beta of the KL penalty inside the reward (rloo, reinforce_pp*, gae)
+    kl_estimator: str = "k1"  # estimator for that in-reward KL
+    gamma: float = 1.0  # discount (gae, reinforce_pp*)
+    lam: float = 0.95  # GAE lambda
+    whiten_advantages: bool = True  # gae: whiten A over the batch
+    whiten_unbiased: bool = True  # gae: unbiased variance for whitening
+    whiten_rewards: bool = False  # gae: whiten token rewards with shift_mean=False
+    rft_threshold: float = 0.0  # rft: a response is correct when score > threshold
+
+
+class AdvantageOutput(NamedTuple):
+    adv: Tensor  # [B, T]
+    returns: Tensor | None  # [B, T] or None
+
+
+# ------------------------------------------------------------------ group helpers
+
+
+def check_group_size(batch_size: int, group_size: int) -> int:
+    """Validate the contiguous group layout; returns the number of groups."""
+    if group_size < 2:
+        raise ValueError(
+            f"group-relative advantages need group_size >= 2 responses per prompt, got {group_size}; "
+            "with one response the group baseline is the response itself"
+        )
+    if batch_size % group_size != 0:
+        raise ValueError(f"batch of {batch_size} responses is not a whole number of groups of {group_size}")
+    return batch_size // group_size
+
+
+def _grouped(scores: Tensor, group_size: int) -> Tensor:
+    """[B] -> [num_groups, G]."""
+    n = check_group_size(scores.shape[0], group_size)
+    return scores.to(_float_dtype(scores)).reshape(n, group_size)
+
+
+def group_stats(scores: Tensor, group_size: int, unbiased: bool = True) -> tuple[Tensor, Tensor]:
+    """Per-group mean and std of scores [B]; returns two [num_groups] tensors."""
+    g = _grouped(scores, group_size)
+    return g.mean(-1), g.std(-1, correction=1 if unbiased else 0)
+
+
+def zero_std_groups(scores: Tensor, group_size: int) -> Tensor:
+    """bool [num_groups]: every score of the group is equal."""
+    g = _grouped(scores, group_size)
+    return g.amax(-1) == g.amin(-1)
+
+
+def frac_zero_std_groups(scores: Tensor, group_size: int) -> Tensor:
+    """Share of groups whose rewards are all equal (logged as frac_reward_zero_std)."""
+    return zero_std_groups(scores, group_size).float().mean()
+
+
+def dynamic_sampling_keep_mask(scores: Tensor, group_size: int) -> Tensor:
+    """DAPO dynamic sampling (§7): bool [num_groups], False for groups whose
+    rewards are all equal (all correct or all wrong), which carry no signal."""
+    return ~zero_std_groups(scores, group_size)
+
+
+def group_normalize(
+    scores: Tensor, group_size: int, eps: float = 1e-4, unbiased: bool = True, scale: bool = True
+) -> Tensor:
+    """GRPO outcome advantage per response [B] (§4.1.2):
+
+        (r_i - mean(r)) / (std(r) + eps)      or   r_i - mean(r)   when scale=False (Dr. GRPO)
+
+    A group with all-equal rewards gets exactly 0 (std = 0 case, §4 edge cases).
+    """
+    g = _grouped(scores, group_size)
+    centred = g - g.mean(-1, keepdim=True)
+    if scale:
+        centred = centred / (g.std(-1, keepdim=True, correction=1 if unbiased else 0) + eps)
+    flat = (g.amax(-1) == g.amin(-1)).unsqueeze(-1)
+    return torch.where(flat, torch.zeros_like(centred), centred).reshape(-1)
+
+
+def leave_one_out(scores: Tensor, group_size: int) -> Tensor:
+    """RLOO advantage per response [B]: R_i - (sum_j R_j - R_i) / (G - 1)."""
+    g = _grouped(scores, group_size)
+    baseline = (g.sum(-1, keepdim=True) - g) / (group_size - 1)
+    return (g - baseline).reshape(-1)
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
+    """DAPO soft overlong penalty R_len (§7), added to the task reward:
+
+        0                          if |y| <= L_max - L_cache
+        ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
+        -1                         if |y| > L_max
+    """
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"overlong penalty needs 0 < cache_len <= max_len, got {cache_len}, {max_len}")
+    lengths = lengths.to(torch.get_default_dtype())
+    soft_start = max_len - cache_len
+    penalty = ((soft_start - lengths) / cache_len).clamp(max=0.0)
+    return torch.where(lengths > max_len, torch.full_like(lengths, -1.0), penalty)
+
+
+# ------------------------------------------------------------------ shared pieces
+
+
+def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
+    """[B] -> [B, T], 0 on masked positions."""
+    per_seq = per_seq.to(_float_dtype(per_seq))
+    return zero_masked(per_seq.unsqueeze(-1).expand(mask.shape), mask)
+
+
+def _float_dtype(x: Tensor) -> torch.dtype:
+    """x's dtype when it is float32/float64, else float32 (ints, bools, bf16)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _kl_per_token(batch: AdvantageInputs, cfg: AdvantageConfig, what: str) -> Tensor | None:
+    """In-reward KL [B, T] at pi_old, or None when cfg.kl_coef is 0."""
+    if cfg.kl_coef == 0:
+        return None
+    if batch.old_logp is None or batch.ref_logp is None:
+        raise ValueError(f"{what} with kl_coef={cfg.kl_coef} needs old_logp and ref_logp")
+    return KL_ESTIMATORS.get(cfg.kl_estimator)(batch.old_logp, batch.ref_logp)
+
+
+def _token_rewards(batch: AdvantageInputs, cfg: AdvantageConfig, scores: Tensor, what: str) -> Tensor:
+    """r_t = 1[t = T_last] * score - beta * KL_t  ([B, T], §3/§8)."""
+    rewards = score_at_last_token(scores, batch.mask)
+    kl = _kl_per_token(batch, cfg, what)
+    if kl is not None:
+        rewards = rewards.to(kl.dtype) - cfg.kl_coef * zero_masked(kl, batch.mask)
+    return rewards
+
+
+# ------------------------------------------------------------------ estimators
+
+
+@ADVANTAGES.register("grpo")
+def grpo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """GRPO outcome supervision (§4.1.2); cfg.scale_by_std=False gives Dr. GRPO."""
+    a = group_normalize(batch.scores, batch.group_size, cfg.eps_adv, cfg.std_unbiased, cfg.scale_by_std)
+    return AdvantageOutput(_broadcast(a, batch.mask), None)
+
+
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """Dr. GRPO (§6): r_i - mean(r), no std scaling whatever cfg.scale_by_std says."""
+    a = group_normalize(batch.scores, batch.group_size, scale=False)
+    return AdvantageOutput(_broadcast(a, batch.mask), None)
+
+
+@ADVANTAGES.register("grpo_process")
+def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """GRPO process supervision (§4.1.3).
+
+    All step rewards of a group are pooled and normalised,
+    r~ = (r - mean(R)) / (std(R) + eps_adv); token t of response i gets
+    A_t = sum of r~ over its steps whose end column is >= t. Tokens after the
+    last step end get 0. `batch.scores` is not used.
+    """
+    if batch.step_ends is None or batch.step_scores is None:
+        raise ValueError("grpo_process needs step_ends and step_scores for every response")
+    B, T = batch.mask.shape
+    n_groups = check_group_size(B, batch.group_size)
+    if len(batch.step_ends) != B or len(batch.step_scores) != B:
+        raise ValueError(f"grpo_process needs step_ends/step_scores for all {B} responses")
+    dtype = _float_dtype(batch.scores)
+    adv = torch.zeros(B, T, dtype=dtype, device=batch.mask.device)
+    G = batch.group_size
+    for k in range(n_groups):
+        rows = range(k * G, (k + 1) * G)
+        pooled = torch.tensor([float(s) for i in rows for s in batch.step_scores[i]], dtype=dtype)
+        if pooled.numel() == 0:
+            continue
+        mean = pooled.mean()
+        std = pooled.std(correction=1 if cfg.std_unbiased else 0) if pooled.numel() > 1 else pooled.new_zeros(())
+        flat = bool(pooled.max() == pooled.min())
+        for i in rows:
+            ends, scores = batch.step_ends[i], batch.step_scores[i]
+            if len(ends) != len(scores):
+                raise ValueError(f"response {i}: {len(ends)} step ends but {len(scores)} step scores")
+            for end, s in zip(ends, scores):
+                if not 0 <= end < T:
+                    raise ValueError(f"response {i}: step end column {end} outside [0, {T})")
+                norm = 0.0 if flat else float((s - mean) / (std + cfg.eps_adv))
+                adv[i, : end + 1] += norm
+    return AdvantageOutput(zero_masked(adv, batch.mask), None)
+
+
+@ADVANTAGES.register("rloo")
+def rloo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """RLOO (§8): R_i = score_i - beta * sum_t k_t;  A_i = R_i - mean_{j != i} R_j."""
+    R = batch.scores.to(_float_dtype(batch.scores))
+    kl = _kl_per_token(batch, cfg, "rloo")
+    if kl is not None:
+        R = R - cfg.kl_coef * masked_sum(kl, batch.mask, dim=-1)
+    a = leave_one_out(R, batch.group_size)
+    return AdvantageOutput(_broadcast(a, batch.mask), None)
+
+
+def _global_normalize(x: Tensor, mask: Tensor) -> Tensor:
+    """OpenRLHF whitening: (x - mean) / sqrt(max(Var_pop, 1e-8)) over all valid tokens."""
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask, unbiased=False).clamp(min=1e-8)
+    return zero_masked((x - mean) * torch.rsqrt(var), mask)
+
+
+def _reinforce_pp(batch: AdvantageInputs, cfg: AdvantageConfig, scores: Tensor, what: str) -> AdvantageOutput:
+    rewards = _token_rewards(batch, cfg, scores, what)
+    zeros = torch.zeros_like(rewards)
+    returns, _ = gae_recursion(rewards, zeros, batch.mask, cfg.gamma, 1.0)  # V = 0, lambda = 1: returns-to-go
+    return AdvantageOutput(_global_normalize(returns, batch.mask), returns)
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """REINFORCE++ (§8): A_t = sum_{s>=t} gamma^(s-t) r_s with
+    r_t = 1[t=T] score - beta k1_t, then global whitening (population variance)."""
+    return _reinforce_pp(batch, cfg, batch.scores, "reinforce_pp")
+
+
+@ADVANTAGES.register("reinforce_pp_baseline")
+def reinforce_pp_baseline(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """REINFORCE++-baseline (§8): the group-mean score is subtracted first."""
+    centred = group_normalize(batch.scores, batch.group_size, scale=False)
+    return _reinforce_pp(batch, cfg, centred, "reinforce_pp_baseline")
+
+
+@ADVANTAGES.register("gae")
+def gae(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """PPO-RLHF (§3): r_t = -beta k1(old, ref)_t + 1[t=T] score; GAE(gamma, lam)
+    with the rollout values; returns R = A + V are the critic targets;
+    A is then whitened over the batch (cfg.whiten_advantages)."""
+    if batch.values is None:
+        raise ValueError("gae needs critic values for every token (AdvantageInputs.values)")
+    rewards = _token_rewards(batch, cfg, batch.scores, "gae")
+    if cfg.whiten_rewards:
+        rewards = whiten(rewards, batch.mask, shift_mean=False, unbiased=cfg.whiten_unbiased)
+    adv, returns = gae_recursion(rewards, batch.values, batch.mask, cfg.gamma, cfg.lam)
+    if cfg.whiten_advantages:
+        adv = whiten(adv, batch.mask, shift_mean=True, unbiased=cfg.whiten_unbiased)
+    return AdvantageOutput(adv, returns)
+
+
+@ADVANTAGES.register("rft")
+def rft(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """Online RFT (§5, Eq. 10): A = 1 if the response is correct (score >
+    rft_threshold) else 0; with the `reinforce` policy loss GC = I(o)."""
+    correct = (batch.scores > cfg.rft_threshold).to(_float_dtype(batch.scores))
+    return AdvantageOutput(_broadcast(correct, batch.mask), None)
+
+
+__all__ = [
+    "ADVANTAGES",
+    "AdvantageConfig",
+    "AdvantageInputs",
+    "AdvantageOutput",
+    "check_group_size",
+    "dynamic_sampling_keep_mask",
+    "frac_zero_std_groups",
+    "group_normalize",
+    "group_stats",
+    "leave_one_out",
+    "overlong_penalty",
+    "zero_std_groups",
+]

@@ -1,0 +1,71 @@
+"""Name -> function registries.
+
+Every algorithmic choice in rlft (advantage estimator, policy loss, KL estimator,
+loss aggregation, ...) is a plain function registered by name in a `Registry`.
+Each registry documents ONE call signature that all of its entries obey, so the
+training loop looks a function up by the configured name and calls it without
+ever branching on which algorithm it is.
+
+    ADVANTAGES = Registry("advantage estimator")
+
+    @ADVANTAGES.register("grpo")
+    def grpo(batch, cfg): ...
+
+    fn = ADVANTAGES.get(cfg.estimator)   # UnknownNameError lists the valid names
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class UnknownNameError(KeyError):
+    """Raised by `Registry.get` for a name that was never registered."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0])
+
+
+class Registry:
+    """A named mapping from string keys to functions of one shared signature."""
+
+    def __init__(self, kind: str):
+        self.kind = kind  # human-readable, used in error messages ("advantage estimator")
+        self._entries: dict[str, Callable] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        """Decorator that registers a function under `name` and returns it unchanged."""
+
+        def decorator(fn: F) -> F:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} '{name}' is already registered")
+            self._entries[name] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> Callable:
+        """The function registered as `name`; `UnknownNameError` (a KeyError) otherwise."""
+        try:
+            return self._entries[name]
+        except KeyError:
+            valid = ", ".join(self.names())
+            raise UnknownNameError(f"unknown {self.kind} '{name}'; valid: {valid}") from None
+
+    def names(self) -> list[str]:
+        """All registered names, sorted."""
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, names={self.names()})"

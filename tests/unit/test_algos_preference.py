@@ -1,0 +1,105 @@
+"""DPO, Bradley-Terry and process-RM losses against ALGORITHMS.md §2, §5, §9, T5 and T11."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlft.algos import (
+    bradley_terry_loss,
+    bt_ranking_loss,
+    dpo_loss,
+    math_shepherd_labels,
+    prm_bce_loss,
+    solution_score_min,
+)
+
+V = json.loads((Path(__file__).resolve().parents[1] / "data" / "algorithms_vectors.json").read_text())
+T5, T11 = V["T5_dpo_bt"], V["T11_math_shepherd"]
+TOL = dict(atol=1e-6, rtol=0)
+
+
+def t(x, grad=False):
+    return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
+
+
+@pytest.mark.parametrize("case,beta", [("ex1_beta0.1", 0.1), ("ex2_beta0.5", 0.5)])
+def test_t5_dpo_loss_metrics_and_gradients(case, beta):
+    exp = T5[case]
+    s_w, s_l = t([exp["logp_w"]], grad=True), t([exp["logp_l"]], grad=True)
+    loss, metrics = dpo_loss(s_w, s_l, t([exp["ref_w"]]), t([exp["ref_l"]]), beta)
+    torch.testing.assert_close(loss, t([exp["loss"]]), **TOL)
+    torch.testing.assert_close(metrics["margin"], t(exp["margin"]), **TOL)
+    torch.testing.assert_close(metrics["chosen_reward"], t(exp["chosen_reward"]), **TOL)
+    torch.testing.assert_close(metrics["rejected_reward"], t(exp["rejected_reward"]), **TOL)
+    assert metrics["accuracy"].item() == float(exp["margin"] > 0)
+    loss.sum().backward()
+    torch.testing.assert_close(s_w.grad, t([exp["dLoss/dlogp_chosen"]]), **TOL)
+    torch.testing.assert_close(s_l.grad, t([exp["dLoss/dlogp_rejected"]]), **TOL)
+    # unified-paradigm gradient coefficient (§5): beta * sigma(h_l - h_w)
+    assert -s_w.grad.item() == pytest.approx(exp["grad_coef=beta*sigmoid(-margin)"], abs=1e-6)
+
+
+def test_dpo_length_normalised_log_ratios():
+    # DeepSeekMath Eq. 12: (s_w - ref_w)/|o_w| = (-10 + 11)/4 = 0.25, (s_l - ref_l)/|o_l| = (-12 + 11)/2 = -0.5
+    # margin = 0.1 * 0.75 = 0.075; loss = log(1 + e^-0.075)
+    loss, metrics = dpo_loss(t([-10.0]), t([-12.0]), t([-11.0]), t([-11.0]), 0.1,
+                             length_normalize=True, len_w=t([4.0]), len_l=t([2.0]))
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-0.075)), abs=1e-12)
+    assert metrics["margin"].item() == pytest.approx(0.075)
+    with pytest.raises(ValueError, match="len_w"):
+        dpo_loss(t([-10.0]), t([-12.0]), t([-11.0]), t([-11.0]), 0.1, length_normalize=True)
+
+
+def test_dpo_is_stable_for_huge_margins():
+    loss, _ = dpo_loss(t([0.0, -5000.0]), t([-5000.0, 0.0]), t([0.0, 0.0]), t([0.0, 0.0]), 1.0)
+    assert loss[0].item() == 0.0 and loss[1].item() == pytest.approx(5000.0)
+
+
+def test_t5_bradley_terry_pair():
+    exp = T5["bradley_terry_rm"]
+    loss = bradley_terry_loss(t([exp["r_w"]]), t([exp["r_l"]]))
+    torch.testing.assert_close(loss, t([exp["loss"]]), **TOL)
+    assert math.exp(-loss.item()) == pytest.approx(exp["P(w>l)"], abs=1e-6)
+    # per-prompt shift invariance (§2.1)
+    torch.testing.assert_close(bradley_terry_loss(t([exp["r_w"] + 3.0]), t([exp["r_l"] + 3.0])), loss)
+
+
+def test_t5_bt_k4_ranking():
+    exp = T5["bt_rm_K4_ranking"]
+    scores, order = t(exp["scores"]), torch.tensor(exp["ranking_best_to_worst"])
+    torch.testing.assert_close(bt_ranking_loss(scores, order), t(exp["mean_loss_over_C(K,2)"]), **TOL)
+    # batched: the same ranking twice, and a reversed ranking that must cost more
+    batch = bt_ranking_loss(torch.stack([scores, scores]), torch.stack([order, order]))
+    torch.testing.assert_close(batch, t(exp["mean_loss_over_C(K,2)"]), **TOL)
+    assert bt_ranking_loss(scores, order.flip(0)).item() > batch.item()
+    with pytest.raises(ValueError):
+        bt_ranking_loss(t([1.0]), torch.tensor([0]))
+
+
+def test_t11_prm_bce_sum_and_mean_over_steps():
+    exp = T11["prm_bce"]
+    probs, labels = t([exp["pred_step_scores"]]), t([exp["hard_labels"]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    total = prm_bce_loss(probs, labels, mask, from_logits=False)
+    torch.testing.assert_close(total, t([exp["loss_sum_over_steps"]]), **TOL)
+    logits = torch.log(probs / (1 - probs))
+    torch.testing.assert_close(prm_bce_loss(logits, labels, mask), total, **TOL)
+    torch.testing.assert_close(prm_bce_loss(logits, labels, mask, reduction="mean"), total / 3, **TOL)
+    # masking the third step leaves -(log 0.8 + log 0.6)
+    mask2 = torch.tensor([[1, 1, 0]], dtype=torch.bool)
+    torch.testing.assert_close(prm_bce_loss(logits, labels, mask2), t([-(math.log(0.8) + math.log(0.6))]), **TOL)
+    with pytest.raises(ValueError, match="reduction"):
+        prm_bce_loss(logits, labels, mask, reduction="max")
+
+
+def test_t11_solution_score_and_labels():
+    exp = T11["prm_bce"]
+    probs = t([exp["pred_step_scores"]])
+    assert solution_score_min(probs).tolist() == [exp["solution_score_min"]]
+    assert solution_score_min(probs, torch.tensor([[1, 1, 0]], dtype=torch.bool)).tolist() == [0.6]
+    hard, soft = math_shepherd_labels(torch.tensor([T11["completions_reaching_gold"], 0]), T11["N"])
+    assert hard.tolist() == [T11["hard_label"], 0.0]
+    assert soft.tolist() == [T11["soft_label"], 0.0]

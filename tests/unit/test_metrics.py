@@ -1,0 +1,63 @@
+"""pass@k and maj@k against ALGORITHMS.md §11 and T10."""
+
+import json
+from math import comb
+from pathlib import Path
+
+import pytest
+
+from rlft.eval.metrics import majority_answer, maj_at_k, mean_maj_at_k, mean_pass_at_k, pass_at_k
+
+V = json.loads((Path(__file__).resolve().parents[1] / "data" / "algorithms_vectors.json").read_text())
+T10 = V["T10_passk_majk"]
+
+
+@pytest.mark.parametrize("key", [k for k in T10 if k.startswith("n=")])
+def test_t10_pass_at_k(key):
+    n, c, k = (int(part.split("=")[1]) for part in key.split(","))
+    assert pass_at_k(n, c, k) == pytest.approx(T10[key], abs=1e-6)
+
+
+def test_pass_at_k_matches_the_binomial_form():
+    for n in range(1, 12):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1.0 - comb(n - c, k) / comb(n, k)
+                assert pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+    # and is not the biased 1 - (1 - c/n)^k
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    assert abs(pass_at_k(5, 2, 2) - (1 - (1 - 0.4) ** 2)) > 0.05
+
+
+def test_pass_at_k_rejects_bad_arguments():
+    for n, c, k in [(5, 6, 1), (5, 2, 0), (5, 2, 6), (5, -1, 1)]:
+        with pytest.raises(ValueError):
+            pass_at_k(n, c, k)
+
+
+def test_mean_pass_at_k():
+    assert mean_pass_at_k([(5, 2), (10, 0)], 1) == pytest.approx((0.4 + 0.0) / 2)
+    with pytest.raises(ValueError):
+        mean_pass_at_k([], 1)
+
+
+def test_t10_maj_at_k():
+    exp = T10["maj@5"]
+    assert majority_answer(exp["answers"], 5) == exp["majority"]
+    assert maj_at_k(exp["answers"], exp["gold"], 5) == exp["maj@5"] == 0.0
+    assert maj_at_k(exp["answers"], exp["gold"], 3) == exp["maj@3(first 3)"]
+    assert maj_at_k(exp["answers"], "12", 5) == 1.0
+
+
+def test_maj_at_k_ties_none_and_normalisation():
+    # 2-2 tie between "7" and "12": "7" was seen first
+    assert majority_answer(["7", "12", "12", "7"], 4) == "7"
+    assert maj_at_k(["7", "12", "12", "7"], "7", 4) == 1.0
+    # None never votes, even when it is the most common
+    assert majority_answer([None, None, "5"], 3) == "5"
+    assert maj_at_k([None, None], "5", 2) == 0.0
+    # normalised answers vote together: "1,000" and "1000.0" beat "7"
+    assert maj_at_k(["7", "1,000", "1000.0"], "1000", 3) == 1.0
+    assert mean_maj_at_k([(["1", "1", "2"], "1"), (["3", "4", "4"], "3")], 3) == 0.5
+    with pytest.raises(ValueError):
+        maj_at_k(["1"], "1", 0)
