@@ -1,0 +1,158 @@
+"""`rlft`: the command line.
+
+    rlft train algo=<name> [key=value ...]     train one stage (Hydra overrides)
+    rlft train -m algo=rm train.lr=1e-4,3e-4   Hydra multirun: one job per combination
+    rlft eval model.path=stage:sft run.name=demo
+    rlft list [group | keys [prefix]]          algorithms, config groups and options, keys with docs
+
+Overrides are checked before anything heavy is imported; a mistake is one line naming the
+valid choices. The resolved config is written to the stage directory before training starts.
+"""
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: rlft <command> [options] [key=value ...]
+
+commands:
+  train [-m] [overrides]   train a stage: rlft train algo=sft run.name=demo
+                           -m / --multirun sweeps comma-separated values (Hydra multirun)
+  eval [overrides]         accuracy, pass@k, maj@k of a checkpoint:
+                           rlft eval model.path=stage:sft run.name=demo
+  list [what]              what: algo | groups | <group> | keys [prefix]
+  --help                   this message
+
+Examples:
+  rlft train algo=sft run.name=demo train.max_steps=300
+  rlft train algo=rm run.name=demo engine=zero2 engine.nproc_per_node=2
+  rlft train -m algo=rm run.name=demo train.lr=1e-4,3e-4
+  rlft list keys train
+
+Outputs: runs/<run.name>/<algo>/{config.yaml,metrics.jsonl,manifest.json,final/}.
+Hydra flags (--cfg job, --info, hydra.* keys) pass through to Hydra."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"rlft: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _user_errors() -> tuple[type, ...]:
+    from rlft.config import ConfigError
+    from rlft.data.loading import DataError
+    from rlft.handoff import MissingInputError
+    from rlft.launch import LaunchError
+    from rlft.registry import UnknownNameError
+
+    return ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError
+
+
+def _train_job(cfg) -> None:
+    from rlft.config import validate
+    from rlft.launch import launch_train
+
+    try:
+        validate(cfg)
+        launch_train(cfg)
+    except _user_errors() as exc:
+        fail(str(exc))
+
+
+def _eval_job(cfg) -> None:
+    from rlft.config import validate
+
+    try:
+        validate(cfg)
+        from rlft.eval.evaluate import run_eval
+
+        run_eval(cfg)
+    except _user_errors() as exc:
+        fail(str(exc))
+
+
+def run_hydra(task, args: list[str]) -> None:
+    """Hand the overrides to Hydra, which composes the config and calls task (once per job)."""
+    import hydra
+
+    from rlft.config import register_schemas
+    from rlft.overrides import conf_dir
+
+    register_schemas()
+    saved = sys.argv
+    sys.argv = ["rlft"] + args
+    try:
+        hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)()
+    finally:
+        sys.argv = saved
+
+
+def _check(args: list[str]) -> None:
+    from rlft.config import ConfigError
+    from rlft.overrides import check_overrides
+
+    overrides = [a for a in args if not a.startswith("-")]
+    try:
+        check_overrides(overrides)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def cmd_list(args: list[str]) -> None:
+    from rlft.config import ALGO_SCHEMAS, describe_keys
+    from rlft.overrides import GROUP_KEYS, group_options, option_description
+
+    what = args[0] if args else "groups"
+    if what == "keys":
+        prefix = args[1] if len(args) > 1 else None
+        algo = args[2] if len(args) > 2 else (prefix.split(".")[1] if prefix and prefix.startswith("algo.") else "sft")
+        rows = describe_keys(prefix, algo if algo in ALGO_SCHEMAS else "sft")
+        if prefix == "algo" or (prefix or "").startswith("algo"):
+            rows = []
+            for name in sorted(ALGO_SCHEMAS):
+                rows += [(k.replace("algo.", f"algo({name}).", 1), d, doc) for k, d, doc in describe_keys("algo", name)]
+        if not rows:
+            fail(f"no config keys under '{prefix}'; try `rlft list keys`")
+        width = max(len(r[0]) for r in rows)
+        for key, default, doc in rows:
+            print(f"{key:<{width}}  {default:<16} {doc}")
+        return
+    if what == "groups":
+        for group in GROUP_KEYS:
+            options = group_options(group)
+            if options:
+                print(f"{group}: {', '.join(options)}")
+        print("\n`rlft list <group>` describes the options; `rlft list keys [prefix]` every key.")
+        return
+    if what not in GROUP_KEYS:
+        fail(f"unknown list target '{what}'; valid: groups, keys, {', '.join(GROUP_KEYS)}")
+    options = group_options(what)
+    width = max((len(o) for o in options), default=0)
+    for option in options:
+        print(f"{option:<{width}}  {option_description(what, option)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return
+    command, rest = args[0], args[1:]
+    if command in ("train", "eval") and any(a in ("-h", "--help") for a in rest):
+        print(USAGE)
+        return
+    if command == "train":
+        _check(rest)
+        run_hydra(_train_job, rest)
+    elif command == "eval":
+        if any(a in ("-m", "--multirun") for a in rest):
+            fail("rlft eval runs one checkpoint at a time; drop -m")
+        _check(rest)
+        run_hydra(_eval_job, rest)
+    elif command == "list":
+        cmd_list(rest)
+    else:
+        fail(f"unknown command '{command}'; valid: train, eval, list (rlft --help)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""Structured configuration: every key rlft reads, with its meaning.
+
+The dataclasses below are the schema Hydra composes into; a docstring under each field is
+its documentation (`rlft list keys` prints them). Group options live in `conf/<group>/*.yaml`
+and only override defaults. Each algorithm has its own schema (`ALGO_SCHEMAS`), stored
+under the Hydra group `algo_schema` so that `algo=<name>` is type-checked too.
+
+Public contract (scripts rely on these names): `run.name`, `seed`, `train.max_steps`,
+`engine.zero_stage`, `engine.nproc_per_node`.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rlft.data.synthetic import TaskSpec
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as one line naming the fix."""
+
+
+# ----------------------------------------------------------------------------- sections
+@dataclass
+class RunConfig:
+    name: str = "default"
+    """Run name: every stage of one run writes under `<run.root>/<run.name>/<algo>/`."""
+    root: str = "runs"
+    """Directory that holds all runs (relative to the working directory)."""
+    dir: Optional[str] = None
+    """Output directory of this stage; default `<root>/<name>/<algo.name>` (per job under -m)."""
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200
+    """Optimizer steps to take (gradient-accumulation micro-steps not counted)."""
+    batch_size: int = 32
+    """Global batch: sequences (or pairs, for reward models) per optimizer step, all ranks together."""
+    micro_batch_per_device: int = 8
+    """Sequences per forward/backward on one rank; accumulation = batch_size / (micro x ranks)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    lr_schedule: str = "cosine"
+    """Learning-rate schedule after warm-up: cosine | linear | constant."""
+    warmup_steps: int = 10
+    """Optimizer steps of linear warm-up from 0 to `lr`."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of `lr` (cosine and linear schedules)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.95
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    max_seq_len: int = 256
+    """Longest training sequence in tokens (prompt + response); longer examples are truncated."""
+    log_every: int = 10
+    """Log metrics every this many optimizer steps."""
+    save_every: int = 100
+    """Write a resumable checkpoint every this many optimizer steps (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """Resumable checkpoints kept on disk (oldest removed first)."""
+
+
+@dataclass
+class EngineConfig:
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage 0-3 (3 shards parameters, 2 gradients, 1 optimizer state)."""
+    precision: str = "fp32"
+    """fp32 | bf16 (bf16 keeps fp32 master weights in DeepSpeed)."""
+    nproc_per_node: int = 1
+    """Ranks (processes) per machine; 1 trains in the driver process itself."""
+    nnodes: int = 1
+    """Machines taking part; see README 'Multi-node' for the launch."""
+    node_rank: int = 0
+    """This machine's index among `nnodes` (0 is the one that writes outputs)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous address (node 0's address) for multi-rank runs."""
+    master_port: int = 0
+    """Rendezvous port; 0 picks a free port (single node only)."""
+    backend: str = "auto"
+    """Collective backend: auto (nccl on GPU, gloo on CPU) | gloo | nccl."""
+    device: str = "auto"
+    """auto (cuda when available, else cpu) | cpu | cuda."""
+    threads_per_rank: int = 0
+    """torch CPU threads per rank; 0 divides the machine's cores among the local ranks."""
+    offload_optimizer: bool = False
+    """ZeRO optimizer-state offload to CPU memory (stages 1-3)."""
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "auto"
+    """Model to start from: `builtin:tiny`, a local HF directory, a hub id, or `stage:<algo>`
+    (this run's output of that stage). `auto` uses the algorithm's default input."""
+    tokenizer: Optional[str] = None
+    """Tokenizer location when it differs from `path` (`builtin:char` for the built-in one)."""
+    hidden_size: int = 128
+    """Built-in tiny model only: hidden width."""
+    intermediate_size: int = 384
+    """Built-in tiny model only: MLP width."""
+    num_layers: int = 3
+    """Built-in tiny model only: transformer blocks."""
+    num_heads: int = 4
+    """Built-in tiny model only: attention heads."""
+    max_position_embeddings: int = 512
+    """Built-in tiny model only: longest sequence the model accepts."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub (only for models that need it)."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "builtin:arith"
+    """`builtin:arith` (the synthetic task), a local .json/.jsonl/.parquet file or folder, or an HF dataset id."""
+    name: Optional[str] = None
+    """HF dataset configuration name (e.g. `main` for gsm8k)."""
+    train_split: str = "train"
+    """Split used for training."""
+    test_split: str = "test"
+    """Held-out split used for evaluation and reward-model accuracy."""
+    fields: dict = field(default_factory=dict)
+    """Column mapping, canonical -> your column, e.g. {question: problem, answer: solution}."""
+    prompt_template: str = "Q: {question}\nA:\n"
+    """Plain prompt format used when the tokenizer has no chat template."""
+    use_chat_template: Optional[bool] = None
+    """Apply the tokenizer's chat template: null = when it has one."""
+    max_train_rows: int = 0
+    """Use at most this many training rows (0 = all)."""
+    task: TaskSpec = field(default_factory=TaskSpec)
+    """Built-in task only: size and difficulty knobs of the synthetic problems (`rlft list keys data.task`)."""
+
+
+@dataclass
+class RewardConfig:
+    functions: dict = field(default_factory=lambda: {"correctness": 1.0})
+    """Reward terms and weights: built-in names (correctness, format) or `module:function`."""
+    truncation_policy: str = "keep"
+    """Completions that hit max_new_tokens: keep | zero_reward | mask | penalty."""
+    truncation_penalty: float = 1.0
+    """Amount subtracted with truncation_policy=penalty."""
+
+
+@dataclass
+class LoggerConfig:
+    wandb: str = "auto"
+    """wandb mode: auto (online with WANDB_API_KEY, else offline) | online | offline | disabled."""
+    project: str = "rlft"
+    """wandb project."""
+    progress: bool = True
+    """Show a progress bar (rate, ETA) on the console."""
+
+
+@dataclass
+class EvalConfig:
+    num_problems: int = 200
+    """Held-out problems evaluated (0 = the whole split)."""
+    samples: int = 8
+    """Samples per problem for pass@k / maj@k (n in the unbiased estimator)."""
+    k: list = field(default_factory=lambda: [1, 4, 8])
+    """k values for pass@k and maj@k (each <= samples)."""
+    temperature: float = 0.7
+    """Sampling temperature for pass@k / maj@k (greedy accuracy is always measured too)."""
+    top_p: float = 1.0
+    """Nucleus sampling for pass@k / maj@k."""
+    max_new_tokens: int = 128
+    """Longest generated response in tokens."""
+    batch_size: int = 64
+    """Sequences generated together."""
+    seed: int = 0
+    """Sampling seed."""
+
+
+# ----------------------------------------------------------------------------- algorithms
+@dataclass
+class AlgoConfig:
+    name: str = "???"
+    """Algorithm name (the `algo=` choice)."""
+    init_from: str = "builtin:tiny"
+    """Default `model.path` for this algorithm when model.path=auto."""
+
+
+@dataclass
+class SFTConfig(AlgoConfig):
+    name: str = "sft"
+    init_from: str = "builtin:tiny"
+
+
+@dataclass
+class RMConfig(AlgoConfig):
+    name: str = "rm"
+    init_from: str = "stage:sft"
+    num_eval_pairs: int = 200
+    """Held-out preference pairs for pairwise accuracy."""
+    eval_every: int = 0
+    """Evaluate held-out accuracy every this many steps (0: only at the end)."""
+
+
+@dataclass
+class PRMConfig(AlgoConfig):
+    name: str = "prm"
+    init_from: str = "stage:sft"
+    num_eval_rows: int = 200
+    """Held-out step-labelled solutions for step accuracy."""
+    frac_correct: float = 0.5
+    """Built-in task: share of fully correct solutions among the step-labelled rows."""
+    eval_every: int = 0
+    """Evaluate held-out accuracy every this many steps (0: only at the end)."""
+
+
+ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig}
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    seed: int = 0
+    """Seed for model init, data order and sampling."""
+    resume: bool = False
+    """Continue from the last resumable checkpoint of this stage (same run.name)."""
+    algo: Any = None
+    """The algorithm and its settings (`rlft list algo`)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+SECTIONS: dict[str, type] = {name: hint for name, hint in typing.get_type_hints(Config).items()}
+
+
+def register_schemas() -> None:
+    """Store the schemas in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="rlft_schema", node=Config)
+    for name, schema in ALGO_SCHEMAS.items():
+        cs.store(group="algo_schema", name=name, node=schema)
+
+
+# ----------------------------------------------------------------------------- documentation
+def field_docs(schema: type) -> dict[str, str]:
+    """Field name -> docstring written under it in the dataclass source."""
+    import inspect
+    import textwrap
+
+    docs: dict[str, str] = {}
+    for klass in reversed(schema.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def schema_for(section: str, algo_name: Optional[str] = None) -> Optional[type]:
+    if section == "algo":
+        return ALGO_SCHEMAS.get(algo_name or "", None)
+    schema = SECTIONS.get(section)
+    return schema if dataclasses.is_dataclass(schema) else None
+
+
+def describe_keys(section: Optional[str] = None, algo_name: str = "sft") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) rows for `rlft list keys [section]` (nested sections included)."""
+    top_docs = field_docs(Config)
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(prefix: str, schema: type) -> None:
+        docs = field_docs(schema)
+        instance = schema()
+        for sub in dataclasses.fields(schema):
+            value = getattr(instance, sub.name)
+            if dataclasses.is_dataclass(value):
+                walk(f"{prefix}.{sub.name}", type(value))
+            else:
+                rows.append((f"{prefix}.{sub.name}", repr(value), docs.get(sub.name, "")))
+
+    for f in dataclasses.fields(Config):
+        schema = schema_for(f.name, algo_name)
+        if schema is None:
+            default = f.default if f.default is not dataclasses.MISSING else ""
+            rows.append((f.name, repr(default), top_docs.get(f.name, "")))
+        else:
+            walk(f.name, schema)
+    if section:
+        rows = [r for r in rows if r[0] == section or r[0].startswith(section + ".")]
+    return rows
+
+
+# ----------------------------------------------------------------------------- validation
+def _check_choice(key: str, value: Any, choices: list) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+def validate(cfg) -> None:
+    """Check values that types alone cannot; raise ConfigError with a one-line fix."""
+    t, e = cfg.train, cfg.engine
+    _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
+    _check_choice("engine.precision", e.precision, ["fp32", "bf16"])
+    _check_choice("engine.backend", e.backend, ["auto", "gloo", "nccl"])
+    _check_choice("engine.device", e.device, ["auto", "cpu", "cuda"])
+    _check_choice("train.lr_schedule", t.lr_schedule, ["cosine", "linear", "constant"])
+    _check_choice("reward.truncation_policy", cfg.reward.truncation_policy, ["keep", "zero_reward", "mask", "penalty"])
+    _check_choice("logger.wandb", cfg.logger.wandb, ["auto", "online", "offline", "disabled"])
+    for key, value in [("train.max_steps", t.max_steps), ("train.batch_size", t.batch_size),
+                       ("train.micro_batch_per_device", t.micro_batch_per_device),
+                       ("engine.nproc_per_node", e.nproc_per_node), ("engine.nnodes", e.nnodes),
+                       ("train.max_seq_len", t.max_seq_len)]:
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if not 0 <= e.node_rank < e.nnodes:
+        raise ConfigError(f"engine.node_rank={e.node_rank} must be in [0, engine.nnodes={e.nnodes})")
+    world = e.nproc_per_node * e.nnodes
+    per_step = t.micro_batch_per_device * world
+    if t.batch_size % per_step:
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} is not a multiple of train.micro_batch_per_device x ranks "
+            f"= {t.micro_batch_per_device} x {world}; change one of them")
+    if e.nnodes > 1 and e.master_port == 0:
+        raise ConfigError("engine.master_port=0 cannot be used with engine.nnodes>1; set the same port on every node")
+    bad_k = [k for k in cfg.eval.k if k > cfg.eval.samples or k < 1]
+    if bad_k:
+        raise ConfigError(f"eval.k={list(cfg.eval.k)} has values outside [1, eval.samples={cfg.eval.samples}]")
+
+
+def grad_accum_steps(cfg) -> int:
+    world = cfg.engine.nproc_per_node * cfg.engine.nnodes
+    return cfg.train.batch_size // (cfg.train.micro_batch_per_device * world)

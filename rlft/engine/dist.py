@@ -1,0 +1,106 @@
+"""Process-group set-up and the few collectives the stages need.
+
+One code path for CPU (gloo) and GPU (nccl). Ranks are started either by the driver itself
+(one rank, in-process) or by torch.distributed.run, which sets RANK / WORLD_SIZE / LOCAL_RANK.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_INFO: DistInfo | None = None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("engine.device=cuda but no CUDA device is visible; use engine.device=cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def init(engine_cfg) -> DistInfo:
+    """Join (or create) the process group; idempotent within a process."""
+    global _INFO
+    if _INFO is not None:
+        return _INFO
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    device = pick_device(engine_cfg.device)
+    backend = engine_cfg.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    threads = engine_cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world)
+    torch.set_num_threads(threads)
+
+    import deepspeed
+
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    _INFO = DistInfo(rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                     local_rank=int(os.environ["LOCAL_RANK"]), local_world_size=local_world, device=device)
+    return _INFO
+
+
+def info() -> DistInfo:
+    if _INFO is None:
+        raise RuntimeError("rlft.engine.dist.init() has not been called")
+    return _INFO
+
+
+def print0(*args, **kwargs) -> None:
+    """print on rank 0 only (every rank when not initialised)."""
+    if _INFO is None or _INFO.is_main:
+        print(*args, **kwargs, flush=True)
+
+
+def barrier() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Sum a few floats over ranks (in float64 on the rank's device)."""
+    t = torch.tensor(values, dtype=torch.float64, device=info().device)
+    if torch.distributed.is_initialized() and info().world_size > 1:
+        torch.distributed.all_reduce(t)
+    return t.tolist()
+
+
+def broadcast_object(obj):
+    """rank 0's Python object, on every rank."""
+    if not torch.distributed.is_initialized() or info().world_size == 1:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,96 @@
+"""The driver: compose once, write the resolved config, then train in-process or start ranks.
+
+One rank (engine.nproc_per_node=1, engine.nnodes=1) trains inside the driver process; more
+ranks are started with torch.distributed.run, each running `python -m rlft.worker CONFIG`.
+Multi-node runs start one driver per machine with the same overrides plus its
+engine.node_rank (see README, 'Multi-node'). Hydra never sees the rank arguments, which is
+what keeps `-m` sweeps and the DeepSpeed launcher from tripping over each other.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rlft import handoff
+from rlft.config import grad_accum_steps
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def job_dir(cfg) -> Path:
+    """This job's stage directory; under -m every job gets its own (<sweep dir>/<job num>/<algo>)."""
+    if cfg.run.dir:
+        return Path(cfg.run.dir)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return Path(hc.sweep.dir) / str(hc.sweep.subdir) / cfg.algo.name
+    except ValueError:  # not running under Hydra (tests, library use)
+        pass
+    return handoff.stage_dir(cfg)
+
+
+def resolved(cfg):
+    """A plain, fully resolved copy of the config with run.dir filled in."""
+    plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    plain.run.dir = str(job_dir(cfg))
+    return plain
+
+
+def batch_arithmetic(cfg) -> str:
+    world = cfg.engine.nproc_per_node * cfg.engine.nnodes
+    return (f"batch: {cfg.train.batch_size} sequences per optimizer step = {cfg.train.micro_batch_per_device} "
+            f"per micro-batch x {world} rank(s) x {grad_accum_steps(cfg)} accumulation step(s); "
+            f"up to {cfg.train.batch_size * cfg.train.max_seq_len} tokens per step; "
+            f"{cfg.train.max_steps} steps")
+
+
+def write_config(cfg, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    tmp.write_text(OmegaConf.to_yaml(cfg))
+    os.replace(tmp, path)
+
+
+def launch_train(cfg) -> None:
+    cfg = resolved(cfg)
+    run_dir = Path(cfg.run.dir)
+    e = cfg.engine
+    if e.node_rank == 0:
+        write_config(cfg, run_dir / "config.yaml")
+    print(f"[rlft] {cfg.algo.name} -> {run_dir}\n[rlft] {batch_arithmetic(cfg)}", flush=True)
+    if e.nproc_per_node * e.nnodes == 1:
+        from rlft.worker import run_stage
+
+        run_stage(cfg)
+        return
+    with tempfile.TemporaryDirectory(prefix="rlft-launch-") as tmp:
+        cfg_path = Path(tmp) / "config.yaml"
+        write_config(cfg, cfg_path)
+        cmd = rank_command(cfg, cfg_path)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        code = subprocess.call(cmd, env=env)
+    if code != 0:
+        raise LaunchError(f"training ranks exited with code {code} (command: {' '.join(cmd)}); see the log above")
+
+
+def rank_command(cfg, cfg_path: Path) -> list[str]:
+    e = cfg.engine
+    port = e.master_port
+    if port == 0:
+        from rlft.engine.dist import free_port
+
+        port = free_port()
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={e.nproc_per_node}",
+            f"--nnodes={e.nnodes}", f"--node_rank={e.node_rank}", f"--master_addr={e.master_addr}",
+            f"--master_port={port}", "-m", "rlft.worker", str(cfg_path)]

@@ -1,0 +1,91 @@
+"""Building and loading the models every stage uses.
+
+Three heads over one backbone, all plain `transformers` classes so that any HF tool loads
+rlft's checkpoints without custom code:
+  * policy            AutoModelForCausalLM
+  * outcome RM        AutoModelForSequenceClassification, num_labels=1 (score at the last token)
+  * process RM (PRM)  AutoModelForTokenClassification, num_labels=1 (score at each step's last token)
+"""
+from __future__ import annotations
+
+import torch
+
+from rlft.handoff import BUILTIN_MODEL
+
+HEADS = ("causal_lm", "rm", "prm")
+
+
+def load_tokenizer(model_cfg, resolved_path: str):
+    """The built-in char tokenizer for builtin:tiny, else the checkpoint's own tokenizer."""
+    source = model_cfg.tokenizer or resolved_path
+    if source in (BUILTIN_MODEL, "builtin:char"):
+        from rlft.data.tokenizer import build_char_tokenizer
+
+        return build_char_tokenizer()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tiny_config(model_cfg, tokenizer):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_heads,
+        max_position_embeddings=model_cfg.max_position_embeddings, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, num_labels=1,
+    )
+
+
+def _auto_class(head: str):
+    import transformers
+
+    return {"causal_lm": transformers.AutoModelForCausalLM,
+            "rm": transformers.AutoModelForSequenceClassification,
+            "prm": transformers.AutoModelForTokenClassification}[head]
+
+
+def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm", seed: int = 0,
+               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A model with the requested head, from the built-in config or a checkpoint.
+
+    A reward head on top of a causal-LM checkpoint starts from the checkpoint's backbone and
+    a freshly initialised (seeded) scalar head."""
+    if head not in HEADS:
+        raise ValueError(f"unknown model head '{head}'; valid: {', '.join(HEADS)}")
+    auto = _auto_class(head)
+    torch.manual_seed(seed)
+    if resolved_path == BUILTIN_MODEL:
+        model = auto.from_config(tiny_config(model_cfg, tokenizer))
+        model.to(dtype)
+    else:
+        kwargs = {"num_labels": 1} if head != "causal_lm" else {}
+        model = auto.from_pretrained(resolved_path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code,
+                                     **kwargs)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Scalar-head output at every position [B, T] (fp32), for RM and PRM models alike.
+
+    Reading positions ourselves (instead of the HF pooling, which locates the last token by
+    the pad id) keeps the score at the last real token even when pad == eos."""
+    backbone = model.base_model
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return model.score(hidden).squeeze(-1).float()
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last attended position of each right-padded row [B]."""
+    return attention_mask.long().sum(-1) - 1

@@ -1,0 +1,1 @@
+"""Rollout: sampling completions and scoring their log-probs."""

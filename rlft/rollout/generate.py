@@ -1,0 +1,70 @@
+"""Batched sampling with a KV cache: n completions per prompt, cut at the first EOS.
+
+Completions of one prompt are contiguous (prompt i's samples are rows i*n .. i*n+n-1), the
+layout the group-normalised advantages expect. A completion keeps its first EOS (an action the
+policy took) and nothing after it; one that reaches max_new_tokens without EOS is truncated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlft.data.encode import collate_padded
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 128
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    batch_size: int = 64
+
+
+@dataclass
+class Generations:
+    prompt_index: list[int]          # which prompt each completion answers
+    completion_ids: list[list[int]]  # up to and including the first EOS
+    texts: list[str]                 # decoded completion, EOS and padding removed
+    truncated: list[bool]            # no EOS within max_new_tokens
+
+
+def cut_at_eos(tokens: list[int], eos_id: int, pad_id: int) -> tuple[list[int], bool]:
+    """(tokens up to and including the first EOS, truncated?)"""
+    if eos_id in tokens:
+        return tokens[:tokens.index(eos_id) + 1], False
+    while tokens and tokens[-1] == pad_id and pad_id != eos_id:
+        tokens = tokens[:-1]
+    return tokens, True
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_ids: list[list[int]], samples_per_prompt: int, sampling: SamplingConfig,
+             device: torch.device | None = None) -> Generations:
+    """Sample `samples_per_prompt` completions for every prompt, `sampling.batch_size` rows at a time."""
+    device = device or next(model.parameters()).device
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(samples_per_prompt)]
+    out = Generations([], [], [], [])
+    was_training = model.training
+    model.eval()
+    for start in range(0, len(rows), sampling.batch_size):
+        chunk = rows[start:start + sampling.batch_size]
+        ids, attn = collate_padded([r[1] for r in chunk], pad, side="left")
+        kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.do_sample,
+                      pad_token_id=pad, eos_token_id=eos, use_cache=True)
+        if sampling.do_sample:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        seqs = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **kwargs)
+        for (index, _), row in zip(chunk, seqs[:, ids.shape[1]:].tolist()):
+            tokens, truncated = cut_at_eos(row, eos, pad)
+            out.prompt_index.append(index)
+            out.completion_ids.append(tokens)
+            out.texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
+            out.truncated.append(truncated)
+    model.train(was_training)
+    return out

@@ -1,0 +1,163 @@
+"""What every stage shares: its context, the deterministic data order, resume and finish.
+
+The supervised stages (SFT, RM, PRM) differ only in how a micro-batch becomes a loss; they
+share `supervised_loop`, which reads top to bottom: for each optimizer step, take this
+rank's share of the global batch, accumulate micro-batch gradients, step, log, checkpoint.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from rlft import handoff
+from rlft.engine import Engine, dist, list_checkpoints
+from rlft.tracking import Tracker
+
+
+@dataclass
+class StageContext:
+    cfg: object
+    info: dist.DistInfo
+    run_dir: Path
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def prepare_run_dir(ctx: StageContext) -> None:
+    """A fresh (non-resumed) stage starts clean: no stale checkpoints, manifest or final/."""
+    if ctx.info.is_main and not ctx.cfg.resume:
+        shutil.rmtree(ctx.ckpt_root, ignore_errors=True)
+        (ctx.run_dir / "manifest.json").unlink(missing_ok=True)
+    dist.barrier()
+
+
+def step_indices(step: int, batch_size: int, num_examples: int, seed: int) -> list[int]:
+    """Global example indices of optimizer step `step`: consecutive epochs of seeded shuffles.
+
+    A pure function of (step, seed): resuming at step s reproduces the same data order."""
+    out = []
+    for pos in range(step * batch_size, (step + 1) * batch_size):
+        epoch, i = divmod(pos, num_examples)
+        out.append(int(_permutation(num_examples, seed + epoch)[i]))
+    return out
+
+
+_PERMS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _permutation(n: int, seed: int) -> np.ndarray:
+    key = (n, seed)
+    if key not in _PERMS:
+        _PERMS.clear() if len(_PERMS) > 4 else None
+        _PERMS[key] = np.random.default_rng(seed).permutation(n)
+    return _PERMS[key]
+
+
+def rank_micro_batches(indices: Sequence[int], rank: int, world: int, micro: int) -> list[list[int]]:
+    """This rank's contiguous share of a global batch, cut into micro-batches."""
+    per_rank = len(indices) // world
+    mine = list(indices[rank * per_rank:(rank + 1) * per_rank])
+    return [mine[i:i + micro] for i in range(0, len(mine), micro)]
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def maybe_resume(ctx: StageContext, engine: Engine) -> int:
+    """Load the newest checkpoint when resume=true; returns the step to continue from."""
+    if not ctx.cfg.resume:
+        return 0
+    ckpts = list_checkpoints(ctx.ckpt_root)
+    if not ckpts:
+        dist.print0(f"resume=true but no checkpoint under {ctx.ckpt_root}; starting from step 0")
+        return 0
+    state = engine.load_checkpoint(ckpts[-1])
+    set_rng_state(state["rng"])
+    dist.print0(f"resumed from {ckpts[-1]} at step {state['step']}")
+    return int(state["step"])
+
+
+LossFn = Callable[[torch.nn.Module, list, float], tuple[torch.Tensor, dict]]
+
+
+def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn: Callable[[list], float],
+                    loss_fn: LossFn, evaluate: Callable[[], dict] | None = None, eval_every: int = 0) -> dict:
+    """Train for train.max_steps optimizer steps; returns the last logged metrics.
+
+    count_fn(global batch) is the loss normaliser for the whole optimizer step (tokens,
+    pairs or steps), so every micro-batch loss is `sum / global count` and the update does
+    not depend on micro-batch size or world size. loss_fn returns (loss, {name: (sum, count)})."""
+    cfg, info = ctx.cfg, ctx.info
+    t = cfg.train
+    start = maybe_resume(ctx, engine)
+    tracker = Tracker(ctx.run_dir, cfg, info.is_main, t.max_steps, start)
+    last: dict = {}
+    sums: dict[str, list[float]] = {}
+    step_time, steps_since_log = 0.0, 0
+    for step in range(start, t.max_steps):
+        tic = time.time()
+        indices = step_indices(step, t.batch_size, len(examples), cfg.seed)
+        denom = float(count_fn([examples[i] for i in indices]))
+        for micro in rank_micro_batches(indices, info.rank, info.world_size, t.micro_batch_per_device):
+            loss, stats = loss_fn(engine, [examples[i] for i in micro], denom)
+            engine.backward(loss)
+            engine.step()
+            for name, (s, c) in stats.items():
+                acc = sums.setdefault(name, [0.0, 0.0])
+                acc[0] += float(s)
+                acc[1] += float(c)
+        step_time += time.time() - tic
+        steps_since_log += 1
+        done = step + 1
+        tracker.advance()
+        if done % t.log_every == 0 or done == t.max_steps:
+            names = sorted(sums)
+            flat = dist.all_reduce_sum([v for n in names for v in sums[n]])
+            last = {n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
+            last.update(lr=engine.lr(), step_time_s=step_time / steps_since_log)
+            if engine.grad_norm() is not None:
+                last["grad_norm"] = engine.grad_norm()
+            if evaluate is not None and eval_every and done % eval_every == 0 and done != t.max_steps:
+                last.update(evaluate())
+            tracker.log(done, last)
+            sums, step_time, steps_since_log = {}, 0.0, 0
+        if t.save_every and done % t.save_every == 0 and done != t.max_steps:
+            engine.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": rng_state()}, t.keep_checkpoints)
+    if evaluate is not None:
+        final_eval = evaluate()
+        last.update(final_eval)
+        tracker.log(t.max_steps, final_eval)
+    tracker.close()
+    return last
+
+
+def finish(ctx: StageContext, engine: Engine, tokenizer, parent: str, summary: dict) -> None:
+    """Export final/ and write the manifest (last, so a crash leaves the stage incomplete)."""
+    engine.export_hf(ctx.run_dir / "final", tokenizer)
+    if ctx.info.is_main:
+        handoff.write_manifest(ctx.run_dir, stage=ctx.cfg.algo.name, parent=parent, summary=summary,
+                               run_name=ctx.cfg.run.name)
+        dist.print0(f"wrote {ctx.run_dir / 'final'}")
+    dist.barrier()

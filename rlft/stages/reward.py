@@ -1,0 +1,110 @@
+"""Reward models: the outcome RM (Bradley-Terry on preference pairs) and the process RM.
+
+    rlft train algo=rm  run.name=demo     # starts from this run's SFT checkpoint
+    rlft train algo=prm run.name=demo
+
+RM (ALGORITHMS.md §2.1): a scalar head reads the last real token of prompt + response;
+loss = -log sigmoid(r_chosen - r_rejected), averaged over the pairs of the optimizer step.
+PRM (§2.2): the same head read at the last token of every reasoning step; loss = binary
+cross-entropy against the step labels, averaged over the steps of the optimizer step.
+Both report held-out accuracy: pairwise (chosen scored higher) and per step (p > 0.5).
+For the built-in task the pairs and step labels are generated (correct vs corrupted solutions).
+"""
+from __future__ import annotations
+
+import torch
+
+from rlft import handoff
+from rlft.algos.preference import bradley_terry_loss, prm_bce_loss
+from rlft.data.encode import collate_padded, pad_to
+from rlft.engine import Engine, dist
+from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
+from rlft.stages import common, inputs
+
+
+def pair_scores(engine: Engine, examples: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r_chosen [N], r_rejected [N]): one forward over chosen and rejected sequences together."""
+    seqs = [ex["chosen_ids"] for ex in examples] + [ex["rejected_ids"] for ex in examples]
+    ids, attn = collate_padded(seqs, pad_id)
+    ids, attn = ids.to(engine.device), attn.to(engine.device)
+    scores = token_scores(engine.module, ids, attn)
+    last = scores.gather(1, last_token_index(attn)[:, None]).squeeze(1)
+    return last[:len(examples)], last[len(examples):]
+
+
+def rm_loss(engine: Engine, examples: list[dict], num_pairs_global: float, pad_id: int):
+    r_w, r_l = pair_scores(engine, examples, pad_id)
+    loss = bradley_terry_loss(r_w, r_l)
+    n = float(len(examples))
+    stats = {"loss": (loss.sum().item(), n), "pair_acc": ((r_w > r_l).float().sum().item(), n),
+             "margin": ((r_w - r_l).sum().item(), n)}
+    return loss.sum() / num_pairs_global, stats
+
+
+def step_logits(engine: Engine, examples: list[dict], pad_id: int):
+    """(logits [N, S], labels [N, S], mask [N, S]) at each step's last token."""
+    ids, attn = collate_padded([ex["input_ids"] for ex in examples], pad_id)
+    scores = token_scores(engine.module, ids.to(engine.device), attn.to(engine.device))
+    positions = pad_to([ex["step_positions"] for ex in examples], 0).to(engine.device)
+    labels = pad_to([ex["step_labels"] for ex in examples], 0).to(engine.device)
+    mask = pad_to([[1] * len(ex["step_positions"]) for ex in examples], 0).to(engine.device)
+    return scores.gather(1, positions), labels, mask
+
+
+def prm_loss(engine: Engine, examples: list[dict], num_steps_global: float, pad_id: int):
+    logits, labels, mask = step_logits(engine, examples, pad_id)
+    per_solution = prm_bce_loss(logits, labels, mask, reduction="sum")
+    n_steps = mask.sum().item()
+    correct = (((logits > 0).long() == labels).float() * mask).sum().item()
+    # a solution is judged correct when its weakest step is (min over steps, §2.2)
+    solution_ok = torch.where(mask.bool(), logits, torch.full_like(logits, float("inf"))).min(-1).values > 0
+    solution_gold = torch.where(mask.bool(), labels, torch.ones_like(labels)).min(-1).values.bool()
+    stats = {"loss": (per_solution.sum().item(), n_steps), "step_acc": (correct, n_steps),
+             "solution_acc": ((solution_ok == solution_gold).float().sum().item(), float(len(examples)))}
+    return per_solution.sum() / num_steps_global, stats
+
+
+def held_out(engine: Engine, examples: list[dict], loss_fn, micro: int, prefix: str = "eval_") -> dict:
+    """Metrics of loss_fn over held-out examples, sharded over ranks and summed."""
+    info = dist.info()
+    shard = examples[info.rank::info.world_size]
+    sums: dict[str, list[float]] = {}
+    engine.ds.eval()
+    with torch.no_grad():
+        for i in range(0, len(shard), micro):
+            _, stats = loss_fn(engine, shard[i:i + micro], 1.0)
+            for name, (s, c) in stats.items():
+                acc = sums.setdefault(name, [0.0, 0.0])
+                acc[0] += s
+                acc[1] += c
+    engine.ds.train()
+    names = sorted(sums)
+    flat = dist.all_reduce_sum([v for n in names for v in sums.get(n, [0.0, 0.0])])
+    return {prefix + n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
+
+
+def run(cfg, ctx: common.StageContext) -> dict:
+    """Train an outcome RM (algo=rm) or a process RM (algo=prm)."""
+    common.prepare_run_dir(ctx)
+    kind = cfg.algo.name
+    parent = handoff.resolve_model_path(cfg)
+    tokenizer = load_tokenizer(cfg.model, parent)
+    common.seed_everything(cfg.seed)
+    model = load_model(cfg.model, parent, tokenizer, head=kind, seed=cfg.seed)
+    pad = tokenizer.pad_token_id
+    if kind == "rm":
+        train = inputs.pair_examples(cfg, tokenizer, "train")
+        test = inputs.pair_examples(cfg, tokenizer, "test")[:cfg.algo.num_eval_pairs]
+        count_fn = len
+        loss_fn = lambda eng, exs, denom: rm_loss(eng, exs, denom, pad)  # noqa: E731
+    else:
+        train = inputs.step_examples(cfg, tokenizer, "train", cfg.algo.frac_correct)
+        test = inputs.step_examples(cfg, tokenizer, "test", cfg.algo.frac_correct)[:cfg.algo.num_eval_rows]
+        count_fn = lambda exs: sum(len(ex["step_positions"]) for ex in exs)  # noqa: E731
+        loss_fn = lambda eng, exs, denom: prm_loss(eng, exs, denom, pad)  # noqa: E731
+    dist.print0(f"{kind}: {len(train)} training and {len(test)} held-out examples")
+    engine = Engine(cfg, model)
+    evaluate = (lambda: held_out(engine, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
+    summary = common.supervised_loop(ctx, engine, train, count_fn, loss_fn, evaluate, cfg.algo.eval_every)
+    common.finish(ctx, engine, tokenizer, parent, summary)
+    return summary

@@ -1,0 +1,72 @@
+"""SFT: next-token cross-entropy on response tokens only (prompt tokens are context, not targets).
+
+    rlft train algo=sft run.name=demo            # built-in tiny model on the built-in task
+    rlft train algo=sft model=hf model.path=Qwen/Qwen2.5-0.5B-Instruct data=gsm8k
+
+The loss is the token-mean over every response token of the optimizer step (all micro-batches,
+all ranks), so the update is the same whatever the micro-batch size or number of ranks.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlft import handoff
+from rlft.data.encode import collate_padded, pad_to
+from rlft.engine import Engine
+from rlft.engine import dist
+from rlft.models import load_model, load_tokenizer
+from rlft.stages import common, inputs
+
+
+def response_token_count(examples: list[dict]) -> int:
+    """Tokens that carry loss: the shifted mask drops each sequence's first position."""
+    return sum(sum(ex["loss_mask"][1:]) for ex in examples)
+
+
+def sft_loss(engine: Engine, examples: list[dict], num_tokens_global: float, pad_id: int):
+    """Sum of response-token cross-entropy in this micro-batch / tokens in the whole step."""
+    ids, attn = collate_padded([ex["input_ids"] for ex in examples], pad_id)
+    mask = pad_to([ex["loss_mask"] for ex in examples], 0)
+    ids, attn, mask = ids.to(engine.device), attn.to(engine.device), mask.to(engine.device)
+    logits = engine(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    target_mask = mask[:, 1:].float()
+    nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
+    nll_sum = (nll * target_mask).sum()
+    correct = ((logits.argmax(-1) == ids[:, 1:]).float() * target_mask).sum()
+    count = target_mask.sum()
+    stats = {"loss": (nll_sum.item(), count.item()), "token_acc": (correct.item(), count.item())}
+    return nll_sum / num_tokens_global, stats
+
+
+def run(cfg, ctx: common.StageContext) -> dict:
+    common.prepare_run_dir(ctx)
+    parent = handoff.resolve_model_path(cfg)
+    tokenizer = load_tokenizer(cfg.model, parent)
+    common.seed_everything(cfg.seed)
+    model = load_model(cfg.model, parent, tokenizer, head="causal_lm", seed=cfg.seed)
+    train = inputs.sft_examples(cfg, tokenizer, "train")
+    dist.print0(f"sft: {len(train)} training examples, "
+                f"{sum(ex['truncated'] for ex in train)} truncated at train.max_seq_len={cfg.train.max_seq_len}")
+    test = inputs.sft_examples(cfg, tokenizer, "test")[:256]
+    engine = Engine(cfg, model)
+
+    def held_out_loss() -> dict:
+        engine.ds.eval()
+        nll = tokens = 0.0
+        shard = test[ctx.info.rank::ctx.info.world_size]
+        with torch.no_grad():
+            for i in range(0, len(shard), cfg.train.micro_batch_per_device):
+                _, stats = sft_loss(engine, shard[i:i + cfg.train.micro_batch_per_device], 1.0, tokenizer.pad_token_id)
+                nll += stats["loss"][0]
+                tokens += stats["loss"][1]
+        engine.ds.train()
+        nll, tokens = dist.all_reduce_sum([nll, tokens])
+        return {"eval_loss": nll / max(tokens, 1.0)}
+
+    summary = common.supervised_loop(
+        ctx, engine, train, response_token_count,
+        lambda eng, exs, denom: sft_loss(eng, exs, denom, tokenizer.pad_token_id),
+        evaluate=held_out_loss if test else None)
+    common.finish(ctx, engine, tokenizer, parent, summary)
+    return summary

@@ -1,0 +1,28 @@
+"""One training rank: `python -m rlft.worker RESOLVED_CONFIG.yaml` (started by rlft.launch)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+def run_stage(cfg) -> dict:
+    """Join the process group and run the configured stage on this rank."""
+    from rlft.engine import dist
+    from rlft.stages import STAGES
+    from rlft.stages.common import StageContext
+
+    info = dist.init(cfg.engine)
+    ctx = StageContext(cfg=cfg, info=info, run_dir=Path(cfg.run.dir))
+    return STAGES.get(cfg.algo.name)(cfg, ctx)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
+    run_stage(OmegaConf.load(argv[0]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
