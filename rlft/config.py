@@ -147,6 +147,10 @@ class RewardConfig:
     """Completions that hit max_new_tokens: keep | zero_reward | mask | penalty."""
     truncation_penalty: float = 1.0
     """Amount subtracted with truncation_policy=penalty."""
+    rm_path: str = "stage:rm"
+    """Outcome reward model for the `rm` source: `stage:rm` (this run's RM) or a directory / hub id."""
+    prm_path: str = "stage:prm"
+    """Process reward model for the `prm` source and process supervision."""
 
 
 @dataclass
@@ -216,7 +220,106 @@ class PRMConfig(AlgoConfig):
     """Evaluate held-out accuracy every this many steps (0: only at the end)."""
 
 
-ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig}
+@dataclass
+class RLConfig(AlgoConfig):
+    """Shared by every online RL algorithm: rollout, update schedule, loss pieces by name."""
+    name: str = "grpo"
+    init_from: str = "stage:sft"
+    prompts_per_step: int = 16
+    """Prompts per rollout, all ranks together."""
+    samples_per_prompt: int = 8
+    """Completions per prompt (the group size G); at least 2 for group-relative advantages."""
+    max_new_tokens: int = 96
+    """Longest completion in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollout (log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollout."""
+    top_k: int = 0
+    """Top-k sampling of the rollout (0: off)."""
+    generation_batch: int = 128
+    """Sequences generated together on one rank."""
+    advantage: str = "grpo"
+    """Advantage estimator: grpo | dr_grpo | grpo_process | rloo | reinforce_pp | reinforce_pp_baseline | rft | gae."""
+    policy_loss: str = "ppo_clip"
+    """Per-token policy loss: ppo_clip | reinforce."""
+    loss_agg: str = "seq-mean-token-mean"
+    """Loss aggregation: seq-mean-token-mean | token-mean | seq-mean-token-sum | constant-norm."""
+    clip_eps_low: float = 0.2
+    """PPO clip range below 1."""
+    clip_eps_high: float = 0.2
+    """PPO clip range above 1 (DAPO clip-higher: 0.28)."""
+    dual_clip_c: Optional[float] = None
+    """Dual-clip constant for negative advantages (null: off)."""
+    kl_coef: float = 0.04
+    """beta of the KL to the reference inside the loss (0 loads no reference model)."""
+    kl_estimator: str = "k3"
+    """KL estimator in the loss: k1 | k2 | k3 (GRPO: k3)."""
+    scale_by_std: bool = True
+    """Divide group-centred rewards by the group std (False: Dr. GRPO)."""
+    std_unbiased: bool = True
+    """Unbiased (n-1) std for group normalisation."""
+    eps_adv: float = 1.0e-4
+    """Added to the group std."""
+    rft_threshold: float = 0.5
+    """rft advantage: a completion counts as correct when its reward exceeds this."""
+    updates_per_rollout: int = 1
+    """mu: passes over each rollout batch (GRPO Algorithm 1)."""
+    minibatches_per_rollout: int = 1
+    """Optimizer steps per pass over a rollout batch."""
+    dynamic_sampling: bool = False
+    """DAPO: replace groups whose rewards are all equal with fresh prompts."""
+    max_sampling_rounds: int = 3
+    """Dynamic sampling: most generation rounds per rollout."""
+    iterations: int = 1
+    """Iterative RL: after each iteration retrain the RM/PRM on policy samples and reset the reference."""
+    rm_replay_ratio: float = 0.1
+    """Iterative RL: share of the reward model's earlier training data replayed."""
+    rm_steps_per_iteration: int = 40
+    """Iterative RL: reward-model optimizer steps after each iteration."""
+    rm_lr: float = 2.0e-4
+    """Iterative RL: reward-model learning rate."""
+    eval_every: int = 0
+    """Held-out greedy accuracy every this many optimizer steps (0: only at the end)."""
+    eval_problems: int = 200
+    """Held-out problems for the in-training accuracy."""
+
+
+@dataclass
+class RFTConfig(AlgoConfig):
+    """Offline rejection-sampling fine-tuning: sample once from the SFT model, keep correct, fine-tune."""
+    name: str = "rft"
+    init_from: str = "stage:sft"
+    samples_per_prompt: int = 8
+    """Completions sampled per training prompt."""
+    num_prompts: int = 1000
+    """Training prompts sampled from (0: all)."""
+    max_new_tokens: int = 96
+    """Longest sampled completion."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling."""
+    generation_batch: int = 128
+    """Sequences generated together on one rank."""
+    rft_threshold: float = 0.5
+    """A completion is kept when its reward exceeds this."""
+
+
+ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig, "grpo": RLConfig,
+                                 "online_rft": RLConfig, "rft": RFTConfig}
+RL_ALGOS = ("grpo", "online_rft")
+
+
+def derive(cfg) -> None:
+    """Fill values that follow from others: an RL optimizer step's batch is its rollout share."""
+    if cfg.algo.name in RL_ALGOS:
+        a = cfg.algo
+        rollout = a.prompts_per_step * a.samples_per_prompt
+        if rollout % a.minibatches_per_rollout:
+            raise ConfigError(f"algo.prompts_per_step x algo.samples_per_prompt = {rollout} is not divisible by "
+                              f"algo.minibatches_per_rollout={a.minibatches_per_rollout}")
+        cfg.train.batch_size = rollout // a.minibatches_per_rollout
 
 
 @dataclass
@@ -311,7 +414,10 @@ def _check_choice(key: str, value: Any, choices: list) -> None:
 
 def validate(cfg) -> None:
     """Check values that types alone cannot; raise ConfigError with a one-line fix."""
+    derive(cfg)
     t, e = cfg.train, cfg.engine
+    if cfg.algo.name in RL_ALGOS:
+        validate_rl(cfg)
     _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
     _check_choice("engine.precision", e.precision, ["fp32", "bf16"])
     _check_choice("engine.backend", e.backend, ["auto", "gloo", "nccl"])
@@ -338,6 +444,23 @@ def validate(cfg) -> None:
     bad_k = [k for k in cfg.eval.k if k > cfg.eval.samples or k < 1]
     if bad_k:
         raise ConfigError(f"eval.k={list(cfg.eval.k)} has values outside [1, eval.samples={cfg.eval.samples}]")
+
+
+def validate_rl(cfg) -> None:
+    from rlft.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+
+    a, world = cfg.algo, cfg.engine.nproc_per_node * cfg.engine.nnodes
+    for key, registry in [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
+                          ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)]:
+        if getattr(a, key) not in registry.names():
+            raise ConfigError(f"algo.{key}={getattr(a, key)!r} is not valid; choose one of: {', '.join(registry.names())}")
+    if a.samples_per_prompt < 2 and a.advantage in ("grpo", "dr_grpo", "grpo_process", "rloo", "reinforce_pp_baseline"):
+        raise ConfigError(f"algo.samples_per_prompt={a.samples_per_prompt}: group-relative advantages need "
+                          "groups of at least 2 completions")
+    if a.prompts_per_step % world:
+        raise ConfigError(f"algo.prompts_per_step={a.prompts_per_step} must be divisible by the {world} rank(s)")
+    if a.iterations < 1 or cfg.train.max_steps % a.iterations:
+        raise ConfigError(f"train.max_steps={cfg.train.max_steps} must be a multiple of algo.iterations={a.iterations}")
 
 
 def grad_accum_steps(cfg) -> int:

@@ -82,16 +82,23 @@ class Engine:
                 optimizer, lambda s: lr_multiplier(s, t.warmup_steps, t.max_steps, t.lr_schedule, t.min_lr_ratio))
             self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
-        else:
+        elif cfg.engine.zero_stage == 3:
+            # a frozen model under ZeRO-3 is partitioned like the policy (e.g. the reference)
             model.requires_grad_(False)
             self.ds, *_ = deepspeed.initialize(model=model, config=ds_cfg)
+            self.optimizer = self.scheduler = None
+        else:
+            # stages 0-2 shard only training state: a frozen model is a plain replicated module
+            model.requires_grad_(False)
+            dtype = torch.bfloat16 if cfg.engine.precision == "bf16" else None
+            self.ds = model.to(device=self.info.device, dtype=dtype)
             self.optimizer = self.scheduler = None
         self.ds.train(trainable)
 
     # ------------------------------------------------------------------ training
     @property
     def module(self) -> torch.nn.Module:
-        return self.ds.module
+        return getattr(self.ds, "module", self.ds)
 
     @property
     def device(self) -> torch.device:

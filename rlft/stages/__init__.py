@@ -18,3 +18,6 @@ def _lazy(module: str, attr: str = "run"):
 STAGES.register("sft")(_lazy("sft"))
 STAGES.register("rm")(_lazy("reward"))
 STAGES.register("prm")(_lazy("reward"))
+STAGES.register("grpo")(_lazy("rl"))
+STAGES.register("online_rft")(_lazy("rl"))
+STAGES.register("rft")(_lazy("rft"))

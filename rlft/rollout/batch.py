@@ -1,0 +1,103 @@
+"""Turning sampled completions into the tensors the update reads.
+
+Shapes (N completions on this rank, L = longest prompt + completion):
+    input_ids, attention_mask  [N, L]     right-padded prompt ⊕ completion
+    mask                       [N, L-1]   response mask aligned to targets: column p is 1 when
+                                          token p+1 is a completion token (up to the first EOS)
+    scores                     [N]        total reward after the truncation policy
+    old_logp, ref_logp, adv    [N, L-1]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlft.data.encode import collate_padded, pad_to
+
+
+@dataclass
+class Rollout:
+    rows: list[dict]
+    prompt_texts: list[str]
+    completions: list[str]
+    completion_ids: list[list[int]]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    mask: torch.Tensor
+    truncated: torch.Tensor
+    prompt_lens: list[int]
+    scores: torch.Tensor = None
+    per_source: dict = field(default_factory=dict)
+    step_ends: list[list[int]] | None = None
+    step_scores: list[list[float]] | None = None
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    adv: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+
+def build_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int):
+    """(input_ids [N, L], attention_mask [N, L], response mask [N, L-1]) from token lists."""
+    seqs = [p + c for p, c in zip(prompt_ids, completion_ids)]
+    ids, attn = collate_padded(seqs, pad_id, side="right")
+    masks = [[0] * (len(p) - 1) + [1] * len(c) for p, c in zip(prompt_ids, completion_ids)]
+    mask = pad_to(masks, 0, dtype=torch.float32)
+    width = ids.shape[1] - 1
+    if mask.shape[1] < width:
+        mask = torch.nn.functional.pad(mask, (0, width - mask.shape[1]))
+    return ids, attn, mask[:, :width]
+
+
+def apply_truncation_policy(scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
+                            policy: str, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, mask) after the policy for completions that hit max_new_tokens (ALGORITHMS.md §0)."""
+    scores, mask = scores.clone(), mask.clone()
+    if policy == "zero_reward":
+        scores[truncated] = 0.0
+    elif policy == "penalty":
+        scores[truncated] -= penalty
+    elif policy == "mask":
+        mask[truncated] = 0.0
+    elif policy != "keep":
+        raise ValueError(f"unknown truncation_policy '{policy}'; valid: keep, zero_reward, mask, penalty")
+    return scores, mask
+
+
+def token_char_ends(tokenizer, token_ids: list[int]) -> list[int]:
+    """Length of the decoded completion after each token (to map text offsets to tokens)."""
+    return [len(tokenizer.decode(token_ids[:j + 1], skip_special_tokens=True)) for j in range(len(token_ids))]
+
+
+def step_columns(tokenizer, completion_ids: list[int], char_ends: list[int], prompt_len: int) -> list[int]:
+    """Target-aligned column of the token that completes each step (its last character)."""
+    cum = token_char_ends(tokenizer, completion_ids)
+    cols = []
+    for end in char_ends:
+        j = next((i for i, n in enumerate(cum) if n >= end), len(cum) - 1)
+        cols.append(prompt_len - 1 + j)
+    return cols
+
+
+def concat_rows(picks: list[tuple[Rollout, int]], pad_id: int = 0) -> Rollout:
+    """A new rollout made of chosen rows of scored rollouts (dynamic sampling refills)."""
+    prompt_ids = [src.input_ids[i, :src.prompt_lens[i]].tolist() for src, i in picks]
+    completion_ids = [src.completion_ids[i] for src, i in picks]
+    ids, attn, mask = build_sequences(prompt_ids, completion_ids, pad_id)
+    # keep each row's policy-adjusted mask (truncation_policy=mask zeroes whole rows)
+    for k, (src, i) in enumerate(picks):
+        if float(src.mask[i].sum()) == 0.0:
+            mask[k] = 0.0
+    out = Rollout(rows=[src.rows[i] for src, i in picks], prompt_texts=[src.prompt_texts[i] for src, i in picks],
+                  completions=[src.completions[i] for src, i in picks], completion_ids=completion_ids,
+                  input_ids=ids, attention_mask=attn, mask=mask,
+                  truncated=torch.tensor([bool(src.truncated[i]) for src, i in picks]),
+                  prompt_lens=[len(p) for p in prompt_ids],
+                  scores=torch.stack([src.scores[i] for src, i in picks]),
+                  per_source={name: [src.per_source[name][i] for src, i in picks] for name in picks[0][0].per_source})
+    if picks[0][0].step_ends is not None:
+        out.step_ends = [src.step_ends[i] for src, i in picks]
+        out.step_scores = [src.step_scores[i] for src, i in picks]
+    return out

@@ -1,0 +1,165 @@
+"""Iterative RL (DeepSeekMath §4.1.4, Algorithm 1): between iterations, the reward model learns
+from the current policy's samples and the reference becomes the current policy.
+
+At the end of iteration k (before iteration k+1 starts):
+  1. the policy is saved to iterations/iter-k/policy (a Hugging Face directory);
+  2. every reward model in use (RM and/or PRM) trains for `algo.rm_steps_per_iteration` steps on
+     data labelled by the rule verifier from iteration k's samples, mixed with a replay of its
+     earlier training data making up `algo.rm_replay_ratio` (10%) of the mix; it is saved to
+     iterations/iter-k/<rm|prm>;
+       RM  pairs: (correct, incorrect) completions of the same prompt;
+       PRM step labels, Math-Shepherd hard estimate (§2.2): every step of a correct completion
+           is 1; a step of an incorrect one is 1 when any of `prm_completions` continuations of
+           its prefix, sampled from the current policy, reaches the gold answer;
+  3. the reference model is reloaded from iterations/iter-k/policy.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+from omegaconf import OmegaConf
+
+from rlft.data.encode import encode_pair, encode_prompt, encode_steps
+from rlft.engine import Engine, dist, save_hf_dir
+from rlft.rewards.scoring import split_steps
+from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
+from rlft.rollout.generate import SamplingConfig, generate
+from rlft.stages import common, inputs
+from rlft.stages.reward import prm_loss, rm_loss
+
+PRM_COMPLETIONS = 4      # continuations per step prefix (Math-Shepherd N)
+PRM_LABEL_BUDGET = 64    # incorrect completions labelled step by step per iteration and rank
+
+
+def sample_records(ro) -> list[dict]:
+    """What the reward model needs from a scored rollout: text and verifier label."""
+    out = []
+    for row, text, prompt_text in zip(ro.rows, ro.completions, ro.prompt_texts):
+        gold = gold_answer(str(row.get("answer", "")))
+        out.append({"prompt": row["prompt"], "prompt_text": prompt_text, "completion": text, "gold": gold,
+                    "correct": answers_match(extract_answer(text), gold)})
+    return out
+
+
+def rm_pairs(records: list[dict], group_size: int) -> list[dict]:
+    """(correct, incorrect) pairs within each group of completions to the same prompt."""
+    pairs = []
+    for g in range(0, len(records), group_size):
+        group = records[g:g + group_size]
+        good = [r for r in group if r["correct"]]
+        bad = [r for r in group if not r["correct"]]
+        for w, lose in zip(good, bad):
+            pairs.append({"prompt_text": w["prompt_text"], "chosen": w["completion"], "rejected": lose["completion"]})
+    return pairs
+
+
+def hard_step_labels(stage, record: dict) -> list[int]:
+    """Math-Shepherd hard estimate for each step of one completion, with the current policy."""
+    steps, _ = split_steps(record["completion"])
+    if record["correct"]:
+        return [1] * len(steps)
+    tok = stage.tokenizer
+    prefixes = ["\n".join(steps[:j + 1]) + "\n" for j in range(len(steps))]
+    prompt_ids = [encode_prompt(tok, record["prompt_text"] + p) for p in prefixes]
+    sampling = SamplingConfig(stage.a.max_new_tokens, True, stage.a.temperature, batch_size=stage.a.generation_batch)
+    with stage.policy.gathered() as module:
+        gens = generate(module, tok, prompt_ids, PRM_COMPLETIONS, sampling, stage.ctx.info.device)
+    labels = []
+    for j, prefix in enumerate(prefixes):
+        texts = gens.texts[j * PRM_COMPLETIONS:(j + 1) * PRM_COMPLETIONS]
+        labels.append(int(any(answers_match(extract_answer(prefix + t), record["gold"]) for t in texts)))
+    return labels
+
+
+def new_examples(stage, kind: str, tokenizer, records: list[dict]) -> list[dict]:
+    max_len = stage.cfg.train.max_seq_len
+    if kind == "rm":
+        return [encode_pair(tokenizer, p["prompt_text"], p["chosen"], p["rejected"], max_len)
+                for p in rm_pairs(records, stage.a.samples_per_prompt)]
+    correct = [r for r in records if r["correct"]]
+    wrong = [r for r in records if not r["correct"]][:PRM_LABEL_BUDGET]
+    rows = [(r, hard_step_labels(stage, r)) for r in correct[:len(wrong) or PRM_LABEL_BUDGET] + wrong]
+    out = []
+    for r, labels in rows:
+        steps, _ = split_steps(r["completion"])
+        if steps:
+            ex = encode_steps(tokenizer, r["prompt_text"], steps, labels, max_len)
+            if ex["step_positions"]:
+                out.append(ex)
+    return out
+
+
+def replay_examples(stage, kind: str, tokenizer, num_new: int, seed: int) -> list[dict]:
+    """Earlier training data of the reward model, sized to `rm_replay_ratio` of the mix."""
+    ratio = stage.a.rm_replay_ratio
+    if ratio <= 0 or num_new == 0:
+        return []
+    history = inputs.pair_examples(stage.cfg, tokenizer, "train") if kind == "rm" else \
+        inputs.step_examples(stage.cfg, tokenizer, "train", 0.5)
+    count = min(len(history), max(1, round(num_new * ratio / (1.0 - ratio))))
+    return random.Random(seed).sample(history, count)
+
+
+def rm_train_config(cfg):
+    """The policy's config with the reward model's batch, steps and learning rate."""
+    rm_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    world = cfg.engine.nproc_per_node * cfg.engine.nnodes
+    micro = cfg.train.micro_batch_per_device
+    rm_cfg.train.batch_size = micro * world
+    rm_cfg.train.max_steps = cfg.algo.rm_steps_per_iteration
+    rm_cfg.train.lr = cfg.algo.rm_lr
+    rm_cfg.train.warmup_steps = 0
+    rm_cfg.train.lr_schedule = "constant"
+    rm_cfg.engine.zero_stage = 0  # the scorer stays a whole module on every rank
+    return rm_cfg
+
+
+def train_reward_model(stage, kind: str, scorer, examples: list[dict]) -> dict:
+    """A few optimizer steps of the RM/PRM loss on `examples`; the scorer gets the new weights."""
+    rm_cfg = rm_train_config(stage.cfg)
+    info = stage.ctx.info
+    pad = scorer.tokenizer.pad_token_id
+    loss_fn = (lambda e, x, d: rm_loss(e, x, d, pad)) if kind == "rm" else (lambda e, x, d: prm_loss(e, x, d, pad))
+    count = len if kind == "rm" else (lambda xs: sum(len(x["step_positions"]) for x in xs))
+    scorer.model.requires_grad_(True)
+    engine = Engine(rm_cfg, scorer.model)
+    losses = []
+    for step in range(rm_cfg.train.max_steps):
+        idx = common.step_indices(step, rm_cfg.train.batch_size, len(examples), stage.cfg.seed + 17)
+        denom = float(count([examples[i] for i in idx]))
+        for micro in common.rank_micro_batches(idx, info.rank, info.world_size, rm_cfg.train.micro_batch_per_device):
+            loss, stats = loss_fn(engine, [examples[i] for i in micro], denom)
+            engine.backward(loss)
+            engine.step()
+            losses.append(stats["loss"][0] / max(stats["loss"][1], 1.0))
+    scorer.model = engine.module.eval()
+    scorer.model.requires_grad_(False)
+    return {f"{kind}_retrain_loss_first": losses[0] if losses else float("nan"),
+            f"{kind}_retrain_loss_last": losses[-1] if losses else float("nan"),
+            f"{kind}_retrain_examples": len(examples)}
+
+
+def next_iteration(stage, iteration: int) -> dict:
+    """Close iteration `iteration - 1`: save, retrain reward models, reset the reference."""
+    done = iteration - 1
+    root = stage.ctx.run_dir / "iterations" / f"iter-{done}"
+    stage.policy.export_hf(root / "policy", stage.tokenizer)
+    report = {}
+    for name, scorer in list(stage.rewards.models.items()):
+        kind = "rm" if name == "rm" else "prm"
+        examples = new_examples(stage, kind, scorer.tokenizer, stage.samples_log)
+        examples += replay_examples(stage, kind, scorer.tokenizer, len(examples), stage.cfg.seed + iteration)
+        if not examples:
+            dist.print0(f"iteration {done}: no {kind} training data from policy samples; {kind} unchanged")
+            continue
+        report.update(train_reward_model(stage, kind, scorer, examples))
+        if stage.ctx.info.is_main:
+            state = {k: v.detach().cpu() for k, v in scorer.model.state_dict().items()}
+            save_hf_dir(scorer.model, state, scorer.tokenizer, root / kind)
+        dist.barrier()
+    if stage.a.kl_coef > 0:
+        stage.ref = stage.load_reference(str(root / "policy"))
+    stage.samples_log = []
+    dist.print0(f"[rlft] iteration {done} done: {report}; reference <- {root / 'policy'}")
+    return report

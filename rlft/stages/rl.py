@@ -1,0 +1,298 @@
+"""Online RL: one loop for GRPO (outcome or process supervision) and online RFT.
+
+    rlft train algo=grpo run.name=demo                      # from this run's SFT, rule reward
+    rlft train algo=grpo algo.advantage=grpo_process reward.functions={correctness: 1.0} run.name=demo
+    rlft train algo=grpo algo.iterations=2 reward.functions={rm: 1.0} run.name=demo
+    rlft train algo=online_rft run.name=demo
+
+Each rollout step (ALGORITHMS.md §4, Algorithm 1):
+  1. take this rank's share of `prompts_per_step` prompts and sample G completions each;
+  2. score them (rewards.RewardSet), apply the truncation policy;
+  3. old log-probs (only when the batch is reused: mu > 1 or several minibatches) and
+     reference log-probs (only when kl_coef > 0) in no-grad batched passes;
+  4. advantages from the registry (`algo.advantage`), optional dynamic sampling;
+  5. mu passes of `minibatches_per_rollout` optimizer steps: per-token policy loss from the
+     registry, + kl_coef x KL(current || reference) per token, aggregated with global counts.
+The algorithms differ only in the registered functions they name; the loop never asks which.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlft import handoff
+from rlft.algos import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, AdvantageConfig,
+                        AdvantageInputs, AggDenominator, PolicyLossConfig, dynamic_sampling_keep_mask,
+                        frac_zero_std_groups, masked_mean)
+from rlft.data.encode import encode_prompt
+from rlft.engine import Engine, dist
+from rlft.models import load_model, load_tokenizer
+from rlft.rewards.scoring import RewardSet
+from rlft.rollout import batch as rb
+from rlft.rollout.generate import SamplingConfig, generate
+from rlft.rollout.logprobs import batched_token_logp, selective_logp
+from rlft.stages import common, inputs, iterative
+
+
+def advantage_config(a) -> AdvantageConfig:
+    return AdvantageConfig(eps_adv=a.eps_adv, std_unbiased=a.std_unbiased, scale_by_std=a.scale_by_std,
+                           rft_threshold=a.rft_threshold)
+
+
+class RLStage:
+    """State of one RL run on one rank: policy, reference, rewards, data."""
+
+    def __init__(self, cfg, ctx: common.StageContext):
+        self.cfg, self.ctx, self.a = cfg, ctx, cfg.algo
+        self.parent = handoff.resolve_model_path(cfg)
+        self.tokenizer = load_tokenizer(cfg.model, self.parent)
+        common.seed_everything(cfg.seed)
+        self.policy = Engine(cfg, load_model(cfg.model, self.parent, self.tokenizer, seed=cfg.seed))
+        self.ref = self.load_reference(self.parent) if self.a.kl_coef > 0 else None
+        self.rewards = RewardSet(cfg, ctx.info.device)
+        if self.a.advantage == "grpo_process" and "prm" not in self.rewards.models:
+            self.rewards.models["prm_steps"] = RewardSet.load_model(cfg, "prm", ctx.info.device)
+        self.train_rows = inputs.qa_rows(cfg, "train")
+        self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
+        self.sampling = SamplingConfig(self.a.max_new_tokens, True, self.a.temperature, self.a.top_p, self.a.top_k,
+                                       self.a.generation_batch)
+        self.samples_log: list[dict] = []  # this iteration's scored samples (iterative RL)
+
+    def load_reference(self, path: str) -> Engine:
+        return Engine(self.cfg, load_model(self.cfg.model, path, self.tokenizer, seed=self.cfg.seed), trainable=False)
+
+    @property
+    def prm(self):
+        return self.rewards.models.get("prm") or self.rewards.models.get("prm_steps")
+
+    # ------------------------------------------------------------------ rollout
+    def sample(self, rows: list[dict]) -> rb.Rollout:
+        """G completions for each row, as padded tensors (no scores yet)."""
+        G, tok = self.a.samples_per_prompt, self.tokenizer
+        prompt_texts = [inputs.render(self.cfg, tok, r["prompt"]) for r in rows]
+        prompt_ids = [encode_prompt(tok, t) for t in prompt_texts]
+        with self.policy.gathered() as module:
+            gens = generate(module, tok, prompt_ids, G, self.sampling, self.ctx.info.device)
+        per_prompt = [prompt_ids[i] for i in gens.prompt_index]
+        ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id)
+        return rb.Rollout(rows=[rows[i] for i in gens.prompt_index],
+                          prompt_texts=[prompt_texts[i] for i in gens.prompt_index],
+                          completions=gens.texts, completion_ids=gens.completion_ids, input_ids=ids,
+                          attention_mask=attn, mask=mask, truncated=torch.tensor(gens.truncated),
+                          prompt_lens=[len(p) for p in per_prompt])
+
+    def score(self, ro: rb.Rollout) -> None:
+        prompts = [r["prompt"] for r in ro.rows]
+        total, ro.per_source = self.rewards(prompts, ro.prompt_texts, ro.completions, ro.rows)
+        r = self.cfg.reward
+        ro.scores, ro.mask = rb.apply_truncation_policy(total, ro.mask, ro.truncated, r.truncation_policy,
+                                                        r.truncation_penalty)
+        if self.a.advantage == "grpo_process":
+            probs, char_ends = self.prm.steps(ro.prompt_texts, ro.completions)
+            ro.step_scores = probs
+            ro.step_ends = [rb.step_columns(self.tokenizer, c, e, p) if e else []
+                            for c, e, p in zip(ro.completion_ids, char_ends, ro.prompt_lens)]
+
+    def rollout(self, rollout_index: int) -> rb.Rollout:
+        """Sample and score this rank's prompts; dynamic sampling refills all-equal groups."""
+        a, info = self.a, self.ctx.info
+        G = a.samples_per_prompt
+
+        def rank_rows(seed_offset: int) -> list[dict]:
+            idx = common.step_indices(rollout_index, a.prompts_per_step, len(self.train_rows),
+                                      self.cfg.seed + seed_offset)
+            per_rank = a.prompts_per_step // info.world_size
+            return [self.train_rows[i] for i in idx[info.rank * per_rank:(info.rank + 1) * per_rank]]
+
+        ro = self.sample(rank_rows(0))
+        self.score(ro)
+        if not a.dynamic_sampling:
+            return ro
+        for round_ in range(1, a.max_sampling_rounds):
+            keep = dynamic_sampling_keep_mask(ro.scores, G)
+            if bool(keep.all()):
+                break
+            extra = self.sample(rank_rows(7919 * round_))
+            self.score(extra)
+            ro = merge_informative(ro, extra, keep, dynamic_sampling_keep_mask(extra.scores, G), G,
+                                  self.tokenizer.pad_token_id)
+        return ro
+
+    def prepare(self, ro: rb.Rollout) -> None:
+        """Old and reference log-probs, then advantages."""
+        a, micro = self.a, self.cfg.train.micro_batch_per_device
+        dev = self.ctx.info.device
+        ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
+        reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1
+        if reuse:
+            ro.old_logp = batched_token_logp(self.policy, ids, attn, micro, a.temperature)
+        if self.ref is not None:
+            ro.ref_logp = batched_token_logp(self.ref, ids, attn, micro, a.temperature)
+        batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=a.samples_per_prompt,
+                                step_ends=ro.step_ends, step_scores=ro.step_scores)
+        ro.adv = ADVANTAGES.get(a.advantage)(batch, advantage_config(a)).adv.float()
+
+    # ------------------------------------------------------------------ update
+    def update(self, ro: rb.Rollout, stats: "Sums") -> None:
+        a, micro = self.a, self.cfg.train.micro_batch_per_device
+        dev = self.ctx.info.device
+        policy_loss = POLICY_LOSSES.get(a.policy_loss)
+        aggregate = AGGREGATIONS.get(a.loss_agg)
+        kl_fn = KL_ESTIMATORS.get(a.kl_estimator)
+        pl_cfg = PolicyLossConfig(a.clip_eps_low, a.clip_eps_high, a.dual_clip_c)
+        n = len(ro)
+        per_mb = n // a.minibatches_per_rollout
+        for _ in range(a.updates_per_rollout):
+            for start in range(0, n, per_mb):
+                rows = slice(start, start + per_mb)
+                denom = global_denominator(ro.mask[rows], a.max_new_tokens)
+                for m in range(start, start + per_mb, micro):
+                    sl = slice(m, m + micro)
+                    width = int(ro.attention_mask[sl].sum(-1).max())
+                    ids = ro.input_ids[sl, :width].to(dev)
+                    attn = ro.attention_mask[sl, :width].to(dev)
+                    mask = ro.mask[sl, :width - 1].to(dev)
+                    logits = self.policy(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                    if a.temperature != 1.0:
+                        logits = logits / a.temperature
+                    logp = selective_logp(logits, ids[:, 1:])
+                    old = ro.old_logp[sl, :width - 1].to(dev) if ro.old_logp is not None else None
+                    loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, :width - 1].to(dev), mask, pl_cfg)
+                    if self.ref is not None:
+                        kl = kl_fn(logp, ro.ref_logp[sl, :width - 1].to(dev))
+                        loss_tok = loss_tok + a.kl_coef * kl
+                        stats.add("kl", masked_sum_f(kl.detach(), mask), mask.sum().item())
+                    self.policy.backward(aggregate(loss_tok, mask, denom))
+                    self.policy.step()
+                    tokens = mask.sum().item()
+                    stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
+                    stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens)
+
+    # ------------------------------------------------------------------ eval
+    @torch.no_grad()
+    def greedy_accuracy(self) -> dict:
+        from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
+
+        info, tok = self.ctx.info, self.tokenizer
+        shard = self.test_rows[info.rank::info.world_size]
+        prompt_ids = [encode_prompt(tok, inputs.render(self.cfg, tok, r["prompt"])) for r in shard]
+        greedy = SamplingConfig(self.a.max_new_tokens, False, batch_size=self.a.generation_batch)
+        with self.policy.gathered() as module:
+            gens = generate(module, tok, prompt_ids, 1, greedy, info.device)
+        correct = sum(answers_match(extract_answer(t), gold_answer(r["answer"])) for t, r in zip(gens.texts, shard))
+        correct, total = dist.all_reduce_sum([float(correct), float(len(shard))])
+        return {"eval_greedy_accuracy": correct / max(total, 1.0)}
+
+
+class Sums:
+    """Metric sums and counts on this rank, reduced over ranks when logged."""
+
+    def __init__(self):
+        self.values: dict[str, list[float]] = {}
+
+    def add(self, name: str, total: float, count: float) -> None:
+        acc = self.values.setdefault(name, [0.0, 0.0])
+        acc[0] += float(total)
+        acc[1] += float(count)
+
+    def reduce(self) -> dict:
+        names = sorted(self.values)
+        flat = dist.all_reduce_sum([v for n in names for v in self.values[n]])
+        return {n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
+
+
+def masked_sum_f(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum())
+
+
+def entropy(logits: torch.Tensor, rows_per_chunk: int = 4) -> torch.Tensor:
+    """Token entropy [B, T] of the policy's distribution, a few rows at a time in fp32."""
+    out = []
+    for lg in logits.split(rows_per_chunk):
+        lg = lg.float()
+        logp = lg - torch.logsumexp(lg, -1, keepdim=True)
+        out.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(out)
+
+
+def global_denominator(mask: torch.Tensor, max_len: int) -> AggDenominator:
+    """Sequence and token counts of an optimizer step's minibatch, summed over ranks."""
+    lengths = mask.sum(-1)
+    seqs, tokens = dist.all_reduce_sum([float((lengths > 0).sum()), float(lengths.sum())])
+    return AggDenominator(num_seqs=seqs, num_tokens=tokens, max_len=float(max_len))
+
+
+def merge_informative(ro: rb.Rollout, extra: rb.Rollout, keep: torch.Tensor, keep_extra: torch.Tensor,
+                      G: int, pad_id: int) -> rb.Rollout:
+    """Replace all-equal groups of `ro` by informative groups of `extra` (same batch size)."""
+    groups = [("ro", g) for g in range(len(keep)) if keep[g]]
+    groups += [("extra", g) for g in range(len(keep_extra)) if keep_extra[g]]
+    groups += [("ro", g) for g in range(len(keep)) if not keep[g]]  # fill up if still short
+    groups = groups[:len(keep)]
+    rows = [(ro if src == "ro" else extra, g * G + j) for src, g in groups for j in range(G)]
+    return rb.concat_rows(rows, pad_id)
+
+
+def rollout_metrics(ro: rb.Rollout, stats: Sums, G: int) -> None:
+    n = float(len(ro))
+    stats.add("reward", float(ro.scores.sum()), n)
+    stats.add("reward_sq", float((ro.scores ** 2).sum()), n)
+    for name, values in ro.per_source.items():
+        stats.add(f"reward/{name}", sum(values), n)
+    lengths = [len(c) for c in ro.completion_ids]
+    stats.add("response_len", sum(lengths), n)
+    stats.add("truncated_frac", float(ro.truncated.sum()), n)
+    stats.add("frac_zero_std", float(frac_zero_std_groups(ro.scores, G)) * (n / G), n / G)
+
+
+def run(cfg, ctx: common.StageContext) -> dict:
+    common.prepare_run_dir(ctx)
+    stage = RLStage(cfg, ctx)
+    a, t = cfg.algo, cfg.train
+    steps_per_rollout = a.updates_per_rollout * a.minibatches_per_rollout
+    total_rollouts = t.max_steps // steps_per_rollout
+    rollouts_per_iteration = total_rollouts // a.iterations
+    start_step = common.maybe_resume(ctx, stage.policy)
+    tracker = common.Tracker(ctx.run_dir, cfg, ctx.info.is_main, t.max_steps, start_step)
+    stats, times = Sums(), {"rollout": 0.0, "prepare": 0.0, "update": 0.0}
+    summary: dict = {}
+    if start_step == 0 and a.eval_every:
+        tracker.log(0, stage.greedy_accuracy())
+    for r in range(start_step // steps_per_rollout, total_rollouts):
+        iteration = r // rollouts_per_iteration
+        if r > 0 and r % rollouts_per_iteration == 0 and r * steps_per_rollout >= start_step:
+            iterative.next_iteration(stage, iteration)
+        tic = time.time()
+        ro = stage.rollout(r)
+        times["rollout"] += time.time() - tic
+        tic = time.time()
+        stage.prepare(ro)
+        times["prepare"] += time.time() - tic
+        tic = time.time()
+        stage.update(ro, stats)
+        times["update"] += time.time() - tic
+        rollout_metrics(ro, stats, a.samples_per_prompt)
+        if a.iterations > 1:
+            stage.samples_log.extend(iterative.sample_records(ro))
+        done = (r + 1) * steps_per_rollout
+        tracker.advance(steps_per_rollout)
+        if done % t.log_every == 0 or done == t.max_steps:
+            summary = stats.reduce()
+            summary["reward_std"] = max(summary.pop("reward_sq") - summary["reward"] ** 2, 0.0) ** 0.5
+            n_roll = max(1, t.log_every // steps_per_rollout)
+            summary.update({f"time_{k}_s": v / n_roll for k, v in times.items()}, lr=stage.policy.lr(),
+                           iteration=iteration)
+            if a.eval_every and done % a.eval_every == 0:
+                summary.update(stage.greedy_accuracy())
+            tracker.log(done, summary)
+            stats, times = Sums(), {k: 0.0 for k in times}
+        if t.save_every and done % t.save_every == 0 and done != t.max_steps:
+            stage.policy.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": common.rng_state()},
+                                         t.keep_checkpoints)
+    final_eval = stage.greedy_accuracy()
+    tracker.log(t.max_steps, final_eval)
+    summary.update(final_eval)
+    tracker.close()
+    common.finish(ctx, stage.policy, stage.tokenizer, stage.parent, summary)
+    return summary
