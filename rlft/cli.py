@@ -43,8 +43,9 @@ def _user_errors() -> tuple[type, ...]:
     from rlft.handoff import MissingInputError
     from rlft.launch import LaunchError
     from rlft.registry import UnknownNameError
+    from rlft.stages.common import StageError
 
-    return ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError
+    return ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError, StageError
 
 
 def _train_job(cfg) -> None:

@@ -118,6 +118,29 @@ class ModelConfig:
 
 
 @dataclass
+class FieldMap:
+    """Which column of your data holds each canonical field (null: the column has that name)."""
+    question: Optional[str] = None
+    """The problem / prompt text (question-answer and step-label rows)."""
+    answer: Optional[str] = None
+    """The worked solution ending in '#### n', or the bare final answer."""
+    prompt: Optional[str] = None
+    """Prompt of preference or step-label rows (text or chat messages)."""
+    completion: Optional[str] = None
+    """Response of prompt-completion rows."""
+    chosen: Optional[str] = None
+    """Preferred response of preference rows."""
+    rejected: Optional[str] = None
+    """Dispreferred response of preference rows."""
+    messages: Optional[str] = None
+    """Chat conversation (a list of {role, content}); the last assistant turn is the response."""
+    steps: Optional[str] = None
+    """List of reasoning steps (process-reward rows)."""
+    labels: Optional[str] = None
+    """List of 0/1 step labels (process-reward rows)."""
+
+
+@dataclass
 class DataConfig:
     source: str = "builtin:arith"
     """`builtin:arith` (the synthetic task), a local .json/.jsonl/.parquet file or folder, or an HF dataset id."""
@@ -127,8 +150,8 @@ class DataConfig:
     """Split used for training."""
     test_split: str = "test"
     """Held-out split used for evaluation and reward-model accuracy."""
-    fields: dict = field(default_factory=dict)
-    """Column mapping, canonical -> your column, e.g. {question: problem, answer: solution}."""
+    fields: FieldMap = field(default_factory=FieldMap)
+    """Your column names for the canonical fields, e.g. data.fields.question=problem."""
     prompt_template: str = "Q: {question}\nA:\n"
     """Plain prompt format used when the tokenizer has no chat template."""
     use_chat_template: Optional[bool] = None
@@ -141,8 +164,10 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    functions: dict = field(default_factory=lambda: {"correctness": 1.0})
-    """Reward terms and weights: built-in names (correctness, format) or `module:function`."""
+    functions: list = field(default_factory=lambda: ["correctness"])
+    """Reward sources: correctness, format (rules), rm, prm (this run's reward models), or `package.module:function`."""
+    weights: list = field(default_factory=list)
+    """Weight of each source, in order (empty: 1.0 each); the reward is the weighted sum."""
     truncation_policy: str = "keep"
     """Completions that hit max_new_tokens: keep | zero_reward | mask | penalty."""
     truncation_penalty: float = 1.0

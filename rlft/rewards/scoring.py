@@ -1,7 +1,7 @@
 """Rewards for RL: rule verifiers, the RM stage's model, the PRM stage's model, user functions.
 
-`reward.functions` maps a source to its weight, e.g. {correctness: 1.0, format: 0.1} or
-{rm: 1.0}. A source is a built-in rule (`correctness`, `format`), `rm` (this run's outcome
+`reward.functions` lists the sources and `reward.weights` their weights, e.g.
+reward.functions=[correctness,format] reward.weights=[1.0,0.1], or reward=rm. A source is a built-in rule (`correctness`, `format`), `rm` (this run's outcome
 reward model, or reward.rm_path), `prm` (the process reward model: its solution score is the
 minimum step probability, §2.2), or `package.module:function` with the signature
 
@@ -106,13 +106,23 @@ class ScoringModel:
         return probs, char_ends
 
 
+def source_weights(names: list[str], weights: list[float]) -> dict[str, float]:
+    """{source: weight} from reward.functions and reward.weights (empty weights: 1.0 each)."""
+    if not names:
+        raise UnknownNameError("reward.functions is empty; e.g. reward.functions=[correctness]")
+    if weights and len(weights) != len(names):
+        raise UnknownNameError(f"reward.weights has {len(weights)} values for {len(names)} reward.functions; "
+                               "give one weight per source or none")
+    if len(set(names)) != len(names):
+        raise UnknownNameError(f"reward.functions lists a source twice: {names}")
+    return {str(n): float(w) for n, w in zip(names, weights or [1.0] * len(names))}
+
+
 class RewardSet:
     """The configured reward sources, their weights, and the models they need."""
 
     def __init__(self, cfg, device: torch.device):
-        self.weights = {str(k): float(v) for k, v in cfg.reward.functions.items()}
-        if not self.weights:
-            raise UnknownNameError("reward.functions is empty; e.g. reward.functions={correctness: 1.0}")
+        self.weights = source_weights(list(cfg.reward.functions), list(cfg.reward.weights))
         self.fns: dict[str, Callable] = {}
         self.models: dict[str, ScoringModel] = {}
         for name in self.weights:

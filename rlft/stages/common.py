@@ -21,6 +21,10 @@ from rlft.engine import Engine, dist, list_checkpoints
 from rlft.tracking import Tracker
 
 
+class StageError(RuntimeError):
+    """A stage cannot go on for a reason the user can fix; reported as one line."""
+
+
 @dataclass
 class StageContext:
     cfg: object

@@ -41,7 +41,7 @@ def user_rows(cfg, split: str) -> tuple[list[dict], str]:
     d = cfg.data
     split_name = d.train_split if split == "train" else d.test_split
     rows = loading.load_rows(d.source, split_name, d.name)
-    fields = OmegaConf.to_container(d.fields, resolve=True) if d.fields else {}
+    fields = {k: v for k, v in OmegaConf.to_container(d.fields, resolve=True).items() if v}
     return loading.map_fields(rows, fields, required=[], source=d.source), f"{d.source} [{split_name}]"
 
 

@@ -146,8 +146,10 @@ def next_iteration(stage, iteration: int) -> dict:
     root = stage.ctx.run_dir / "iterations" / f"iter-{done}"
     stage.policy.export_hf(root / "policy", stage.tokenizer)
     report = {}
-    for name, scorer in list(stage.rewards.models.items()):
-        kind = "rm" if name == "rm" else "prm"
+    scorers = dict(stage.rewards.models)
+    if stage.step_prm is not None:
+        scorers["prm"] = stage.step_prm
+    for kind, scorer in scorers.items():
         examples = new_examples(stage, kind, scorer.tokenizer, stage.samples_log)
         examples += replay_examples(stage, kind, scorer.tokenizer, len(examples), stage.cfg.seed + iteration)
         if not examples:

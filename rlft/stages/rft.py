@@ -70,7 +70,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     samples, stats = collect(cfg, ctx, model, tokenizer)
     dist.print0(f"rft: {stats}")
     if not samples:
-        raise RuntimeError("rft: no sampled completion passed the verifier; raise algo.samples_per_prompt "
+        raise common.StageError("rft: no sampled completion passed the verifier; raise algo.samples_per_prompt "
                            "or start from a stronger model")
     examples = [encode_sft(tokenizer, inputs.render(cfg, tokenizer, row["prompt"]), text, cfg.train.max_seq_len)
                 for row, text in samples]

@@ -1,8 +1,8 @@
 """Online RL: one loop for GRPO (outcome or process supervision) and online RFT.
 
     rlft train algo=grpo run.name=demo                      # from this run's SFT, rule reward
-    rlft train algo=grpo algo.advantage=grpo_process reward.functions={correctness: 1.0} run.name=demo
-    rlft train algo=grpo algo.iterations=2 reward.functions={rm: 1.0} run.name=demo
+    rlft train algo=grpo algo.advantage=grpo_process run.name=demo   # PRM step rewards (stage:prm)
+    rlft train algo=grpo algo.iterations=2 reward=rm run.name=demo       # iterative, RM retrained
     rlft train algo=online_rft run.name=demo
 
 Each rollout step (ALGORITHMS.md §4, Algorithm 1):
@@ -51,8 +51,9 @@ class RLStage:
         self.policy = Engine(cfg, load_model(cfg.model, self.parent, self.tokenizer, seed=cfg.seed))
         self.ref = self.load_reference(self.parent) if self.a.kl_coef > 0 else None
         self.rewards = RewardSet(cfg, ctx.info.device)
-        if self.a.advantage == "grpo_process" and "prm" not in self.rewards.models:
-            self.rewards.models["prm_steps"] = RewardSet.load_model(cfg, "prm", ctx.info.device)
+        self.step_prm = None  # process supervision: the PRM that scores every step
+        if self.a.advantage == "grpo_process":
+            self.step_prm = self.rewards.models.get("prm") or RewardSet.load_model(cfg, "prm", ctx.info.device)
         self.train_rows = inputs.qa_rows(cfg, "train")
         self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
         self.sampling = SamplingConfig(self.a.max_new_tokens, True, self.a.temperature, self.a.top_p, self.a.top_k,
@@ -61,10 +62,6 @@ class RLStage:
 
     def load_reference(self, path: str) -> Engine:
         return Engine(self.cfg, load_model(self.cfg.model, path, self.tokenizer, seed=self.cfg.seed), trainable=False)
-
-    @property
-    def prm(self):
-        return self.rewards.models.get("prm") or self.rewards.models.get("prm_steps")
 
     # ------------------------------------------------------------------ rollout
     def sample(self, rows: list[dict]) -> rb.Rollout:
@@ -89,7 +86,7 @@ class RLStage:
         ro.scores, ro.mask = rb.apply_truncation_policy(total, ro.mask, ro.truncated, r.truncation_policy,
                                                         r.truncation_penalty)
         if self.a.advantage == "grpo_process":
-            probs, char_ends = self.prm.steps(ro.prompt_texts, ro.completions)
+            probs, char_ends = self.step_prm.steps(ro.prompt_texts, ro.completions)
             ro.step_scores = probs
             ro.step_ends = [rb.step_columns(self.tokenizer, c, e, p) if e else []
                             for c, e, p in zip(ro.completion_ids, char_ends, ro.prompt_lens)]

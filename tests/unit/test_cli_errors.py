@@ -1,0 +1,187 @@
+"""User mistakes cost seconds and one line on stderr (exit code != 0); help and listings work.
+
+Each case runs the real `rlft` entry point as a subprocess in tmp_path. The override checks run
+before Hydra and before torch is imported, so each finishes in a few seconds.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from conftest import TINY, TINY_MODEL, explain, run_cli, stage_dir
+
+QUICK_S = 20  # generous: the override checks take ~2.5 s here, but other jobs share the CPUs
+
+
+def one_line_error(proc) -> str:
+    assert proc.returncode != 0, explain(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, explain(proc)
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def timed(tmp_path, *args):
+    tic = time.time()
+    proc = run_cli(tmp_path, *args, timeout=120)
+    return proc, time.time() - tic
+
+
+def test_unknown_algo_names_the_valid_ones(tmp_path):
+    proc, seconds = timed(tmp_path, "train", "algo=nope", *TINY)
+    line = one_line_error(proc)
+    assert "'nope'" in line
+    valid = line.split("valid:", 1)[1]
+    for algo in ("sft", "rm", "prm"):
+        assert algo in valid.replace(",", " ").split(), line
+    assert seconds < QUICK_S
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_train_key_lists_train_keys(tmp_path):
+    proc, seconds = timed(tmp_path, "train", "train.nope=1", *TINY)
+    line = one_line_error(proc)
+    assert "train.nope" in line
+    for key in ("max_steps", "batch_size", "micro_batch_per_device", "lr", "save_every"):
+        assert key in line, line
+    assert seconds < QUICK_S
+
+
+def test_unknown_top_level_key_and_typo_suggestion(tmp_path):
+    line = one_line_error(run_cli(tmp_path, "train", "trian.lr=1e-3", *TINY, timeout=120))
+    assert "trian.lr" in line and "'train'" in line, line
+
+
+def test_engine_typo_suggests_zero3(tmp_path):
+    proc, seconds = timed(tmp_path, "train", "engine=zero9", *TINY)
+    line = one_line_error(proc)
+    assert "did you mean 'zero3'" in line, line
+    assert "zero0" in line and "cpu" in line  # the valid options are listed
+    assert seconds < QUICK_S
+
+
+def test_unknown_option_inside_a_sweep_is_caught(tmp_path):
+    line = one_line_error(run_cli(tmp_path, "train", "-m", "engine=zero2,zero7", *TINY, timeout=120))
+    assert "zero7" in line
+
+
+def test_invalid_value_is_one_line_from_validation(tmp_path):
+    line = one_line_error(run_cli(tmp_path, "train", "train.batch_size=10", "train.micro_batch_per_device=4",
+                                  *TINY, timeout=120))
+    assert "train.batch_size=10" in line
+
+
+def test_unknown_command(tmp_path):
+    line = one_line_error(run_cli(tmp_path, "fly", timeout=60))
+    assert "'fly'" in line and "train" in line
+
+
+def test_help(tmp_path):
+    for args in (["--help"], [], ["train", "--help"]):
+        proc = run_cli(tmp_path, *args, timeout=60)
+        assert proc.returncode == 0, explain(proc)
+        assert "usage: rlft" in proc.stdout
+        for word in ("train", "eval", "list", "-m"):
+            assert word in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_console_script_help(tmp_path):
+    import shutil
+
+    exe = shutil.which("rlft")
+    assert exe, "the `rlft` console script is not installed (pip install -e .)"
+    proc = run_cli(tmp_path, "--help", prefix=[exe], timeout=60)
+    assert proc.returncode == 0 and "usage: rlft" in proc.stdout, explain(proc)
+
+
+def test_list_groups(tmp_path):
+    proc = run_cli(tmp_path, "list", timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    groups = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line and not line.startswith("`"))
+    assert {"sft", "rm", "prm"} <= set(groups["algo"].split(", "))
+    assert {"zero0", "zero1", "zero2", "zero3"} <= set(groups["engine"].split(", "))
+
+
+def test_list_algo_describes_each(tmp_path):
+    proc = run_cli(tmp_path, "list", "algo", timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    described = {line.split()[0]: line.split(None, 1)[1] for line in proc.stdout.splitlines() if line.strip()}
+    assert {"sft", "rm", "prm"} <= set(described)
+    assert "Bradley-Terry" in described["rm"]
+
+
+def test_list_keys_train(tmp_path):
+    proc = run_cli(tmp_path, "list", "keys", "train", timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    rows = [line.split(None, 2) for line in proc.stdout.splitlines() if line.strip()]
+    keys = {r[0]: r for r in rows}
+    assert all(k.startswith("train.") for k in keys)
+    assert keys["train.max_steps"][1] == "200"
+    assert all(len(r) == 3 and r[2].strip() for r in rows), "every key has a default and a doc"
+
+
+def test_list_unknown_target(tmp_path):
+    line = one_line_error(run_cli(tmp_path, "list", "nope", timeout=60))
+    assert "'nope'" in line and "keys" in line
+
+
+def test_missing_input_checkpoint_names_the_command(tmp_path):
+    proc = run_cli(tmp_path, "train", "algo=rm", "run.name=missing", *TINY, timeout=120)
+    line = one_line_error(proc)
+    assert "rlft train algo=sft run.name=missing" in line, line
+    assert not (stage_dir(tmp_path, "missing", "rm") / "final").exists()
+    assert not (stage_dir(tmp_path, "missing", "rm") / "manifest.json").exists()
+
+
+def test_missing_input_with_custom_root_names_the_root(tmp_path):
+    line = one_line_error(run_cli(tmp_path, "train", "algo=prm", "run.name=m2", "run.root=elsewhere", *TINY,
+                                  timeout=120))
+    assert "rlft train algo=sft run.name=m2 run.root=elsewhere" in line, line
+
+
+def test_eval_of_missing_stage_names_the_command(tmp_path):
+    line = one_line_error(run_cli(tmp_path, "eval", "run.name=nothing", *TINY, timeout=120))
+    assert "rlft train algo=sft run.name=nothing" in line, line
+
+
+def test_jsonl_row_without_answer_names_file_row_and_field(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    rows = [{"question": "What is 1+1?", "answer": "1+1=2\n#### 2"},
+            {"question": "What is 2+2?", "answer": "2+2=4\n#### 4"},
+            {"question": "What is 3+3?"}]  # row 3 lacks its answer
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = run_cli(tmp_path, "train", "algo=sft", "run.name=bad", "data=jsonl", f"data.source={data}",
+                   "model.path=builtin:tiny", *TINY_MODEL, "train.max_steps=2", "train.batch_size=2",
+                   "train.micro_batch_per_device=2", timeout=120)
+    line = one_line_error(proc)
+    assert str(data) in line, line
+    assert "row 3" in line, line
+    assert "answer" in line, line
+    run = stage_dir(tmp_path, "bad", "sft")
+    assert not (run / "final").exists()
+    assert not (run / "manifest.json").exists()
+    assert not (run / "checkpoints").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG rlft/cli.py: data.fields.<k>=<col> (the documented syntax) is "
+                   "accepted by check_overrides but Hydra rejects it in struct mode (needs +data.fields...)")
+def test_documented_field_mapping_syntax_is_accepted(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+1?", "solution": f"#### {i + 1}"}) + "\n" for i in range(4)))
+    proc = run_cli(tmp_path, "train", "algo=sft", "run.name=fields", "data=jsonl", f"data.source={data}",
+                   "data.fields.question=problem", "data.fields.answer=solution", "model.path=builtin:tiny",
+                   *TINY_MODEL, "train.max_steps=1", "train.batch_size=2", "train.micro_batch_per_device=2",
+                   timeout=120)
+    assert proc.returncode == 0, explain(proc)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG rlft/cli.py _check: the value of a Hydra flag (`--cfg job`) is "
+                   "parsed as an override, although USAGE says Hydra flags pass through")
+def test_hydra_cfg_flag_passes_through(tmp_path):
+    proc = run_cli(tmp_path, "train", "--cfg", "job", "algo=rm", timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    assert "name: rm" in proc.stdout
+    assert not (tmp_path / "runs").exists()
