@@ -130,41 +130,8 @@ class RLStage:
                                 step_ends=ro.step_ends, step_scores=ro.step_scores)
         ro.adv = ADVANTAGES.get(a.advantage)(batch, advantage_config(a)).adv.float()
 
-    # ------------------------------------------------------------------ update
     def update(self, ro: rb.Rollout, stats: "Sums") -> None:
-        a, micro = self.a, self.cfg.train.micro_batch_per_device
-        dev = self.ctx.info.device
-        policy_loss = POLICY_LOSSES.get(a.policy_loss)
-        aggregate = AGGREGATIONS.get(a.loss_agg)
-        kl_fn = KL_ESTIMATORS.get(a.kl_estimator)
-        pl_cfg = PolicyLossConfig(a.clip_eps_low, a.clip_eps_high, a.dual_clip_c)
-        n = len(ro)
-        per_mb = n // a.minibatches_per_rollout
-        for _ in range(a.updates_per_rollout):
-            for start in range(0, n, per_mb):
-                rows = slice(start, start + per_mb)
-                denom = global_denominator(ro.mask[rows], a.max_new_tokens)
-                for m in range(start, start + per_mb, micro):
-                    sl = slice(m, m + micro)
-                    width = int(ro.attention_mask[sl].sum(-1).max())
-                    ids = ro.input_ids[sl, :width].to(dev)
-                    attn = ro.attention_mask[sl, :width].to(dev)
-                    mask = ro.mask[sl, :width - 1].to(dev)
-                    logits = self.policy(input_ids=ids, attention_mask=attn).logits[:, :-1]
-                    if a.temperature != 1.0:
-                        logits = logits / a.temperature
-                    logp = selective_logp(logits, ids[:, 1:])
-                    old = ro.old_logp[sl, :width - 1].to(dev) if ro.old_logp is not None else None
-                    loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, :width - 1].to(dev), mask, pl_cfg)
-                    if self.ref is not None:
-                        kl = kl_fn(logp, ro.ref_logp[sl, :width - 1].to(dev))
-                        loss_tok = loss_tok + a.kl_coef * kl
-                        stats.add("kl", masked_sum_f(kl.detach(), mask), mask.sum().item())
-                    self.policy.backward(aggregate(loss_tok, mask, denom))
-                    self.policy.step()
-                    tokens = mask.sum().item()
-                    stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
-                    stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens)
+        update_policy(self.policy, self.ref, self.a, self.cfg.train.micro_batch_per_device, ro, stats)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -180,6 +147,44 @@ class RLStage:
         correct = sum(answers_match(extract_answer(t), gold_answer(r["answer"])) for t, r in zip(gens.texts, shard))
         correct, total = dist.all_reduce_sum([float(correct), float(len(shard))])
         return {"eval_greedy_accuracy": correct / max(total, 1.0)}
+
+
+def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Rollout, stats: "Sums") -> None:
+    """mu passes over the rollout, `minibatches_per_rollout` optimizer steps each.
+
+    Every micro-batch loss is normalised by the counts of its whole minibatch on all ranks,
+    so the update does not depend on micro-batch size, accumulation or world size."""
+    dev = policy.device
+    policy_loss = POLICY_LOSSES.get(a.policy_loss)
+    aggregate = AGGREGATIONS.get(a.loss_agg)
+    kl_fn = KL_ESTIMATORS.get(a.kl_estimator)
+    pl_cfg = PolicyLossConfig(a.clip_eps_low, a.clip_eps_high, a.dual_clip_c)
+    n = len(ro)
+    per_mb = n // a.minibatches_per_rollout
+    for _ in range(a.updates_per_rollout):
+        for start in range(0, n, per_mb):
+            denom = global_denominator(ro.mask[start:start + per_mb], a.max_new_tokens)
+            for m in range(start, start + per_mb, micro):
+                sl = slice(m, m + micro)
+                width = int(ro.attention_mask[sl].sum(-1).max())
+                ids = ro.input_ids[sl, :width].to(dev)
+                attn = ro.attention_mask[sl, :width].to(dev)
+                mask = ro.mask[sl, :width - 1].to(dev)
+                logits = policy(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                if a.temperature != 1.0:
+                    logits = logits / a.temperature
+                logp = selective_logp(logits, ids[:, 1:])
+                old = ro.old_logp[sl, :width - 1].to(dev) if ro.old_logp is not None else None
+                loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, :width - 1].to(dev), mask, pl_cfg)
+                tokens = mask.sum().item()
+                if ref is not None:
+                    kl = kl_fn(logp, ro.ref_logp[sl, :width - 1].to(dev))
+                    loss_tok = loss_tok + a.kl_coef * kl
+                    stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
+                policy.backward(aggregate(loss_tok, mask, denom))
+                policy.step()
+                stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
+                stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens)
 
 
 class Sums:

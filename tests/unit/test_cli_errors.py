@@ -6,6 +6,7 @@ before Hydra and before torch is imported, so each finishes in a few seconds.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
@@ -47,11 +48,6 @@ def test_unknown_train_key_lists_train_keys(tmp_path):
     for key in ("max_steps", "batch_size", "micro_batch_per_device", "lr", "save_every"):
         assert key in line, line
     assert seconds < QUICK_S
-
-
-def test_unknown_top_level_key_and_typo_suggestion(tmp_path):
-    line = one_line_error(run_cli(tmp_path, "train", "trian.lr=1e-3", *TINY, timeout=120))
-    assert "trian.lr" in line and "'train'" in line, line
 
 
 def test_engine_typo_suggests_zero3(tmp_path):
@@ -123,23 +119,12 @@ def test_list_keys_train(tmp_path):
     assert all(len(r) == 3 and r[2].strip() for r in rows), "every key has a default and a doc"
 
 
-def test_list_unknown_target(tmp_path):
-    line = one_line_error(run_cli(tmp_path, "list", "nope", timeout=60))
-    assert "'nope'" in line and "keys" in line
-
-
 def test_missing_input_checkpoint_names_the_command(tmp_path):
     proc = run_cli(tmp_path, "train", "algo=rm", "run.name=missing", *TINY, timeout=120)
     line = one_line_error(proc)
     assert "rlft train algo=sft run.name=missing" in line, line
     assert not (stage_dir(tmp_path, "missing", "rm") / "final").exists()
     assert not (stage_dir(tmp_path, "missing", "rm") / "manifest.json").exists()
-
-
-def test_missing_input_with_custom_root_names_the_root(tmp_path):
-    line = one_line_error(run_cli(tmp_path, "train", "algo=prm", "run.name=m2", "run.root=elsewhere", *TINY,
-                                  timeout=120))
-    assert "rlft train algo=sft run.name=m2 run.root=elsewhere" in line, line
 
 
 def test_eval_of_missing_stage_names_the_command(tmp_path):
@@ -166,18 +151,6 @@ def test_jsonl_row_without_answer_names_file_row_and_field(tmp_path):
     assert not (run / "checkpoints").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG rlft/cli.py: data.fields.<k>=<col> (the documented syntax) is "
-                   "accepted by check_overrides but Hydra rejects it in struct mode (needs +data.fields...)")
-def test_documented_field_mapping_syntax_is_accepted(tmp_path):
-    data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"{i}+1?", "solution": f"#### {i + 1}"}) + "\n" for i in range(4)))
-    proc = run_cli(tmp_path, "train", "algo=sft", "run.name=fields", "data=jsonl", f"data.source={data}",
-                   "data.fields.question=problem", "data.fields.answer=solution", "model.path=builtin:tiny",
-                   *TINY_MODEL, "train.max_steps=1", "train.batch_size=2", "train.micro_batch_per_device=2",
-                   timeout=120)
-    assert proc.returncode == 0, explain(proc)
-
-
 @pytest.mark.xfail(strict=True, reason="BUG rlft/cli.py _check: the value of a Hydra flag (`--cfg job`) is "
                    "parsed as an override, although USAGE says Hydra flags pass through")
 def test_hydra_cfg_flag_passes_through(tmp_path):
@@ -185,3 +158,14 @@ def test_hydra_cfg_flag_passes_through(tmp_path):
     assert proc.returncode == 0, explain(proc)
     assert "name: rm" in proc.stdout
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG rlft/config.py imports rlft.data.synthetic, whose package __init__ "
+                   "imports torch and transformers: every override check and `rlft list` pays ~2.5 s")
+def test_override_checks_do_not_import_torch(tmp_path):
+    """cli.py promises that overrides are checked before anything heavy is imported."""
+    code = ("import sys; from rlft.overrides import check_overrides; check_overrides(['algo=sft']); "
+            "print(sorted(m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules))")
+    proc = run_cli(tmp_path, prefix=[sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 0, explain(proc)
+    assert proc.stdout.strip() == "[]"

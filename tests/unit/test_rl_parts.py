@@ -1,0 +1,168 @@
+"""Pieces of the RL loop: global loss denominators, dynamic-sampling merges, metric sums,
+iterative RM pairs and offline-RFT de-duplication."""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlft.algos import AGGREGATIONS, agg_denominator
+from rlft.engine import dist
+from rlft.rollout import batch as rb
+from rlft.stages import iterative, rft
+from rlft.stages import rl
+
+PAD, EOS = 0, 2
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """A real gloo process group of world size 1 (rlft.engine.dist.init), torn down afterwards."""
+    if dist._INFO is not None:  # another test already joined a group in this process
+        yield dist._INFO
+        return
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    saved_env = {k: os.environ.get(k) for k in keys}
+    threads = torch.get_num_threads()
+    info = dist.init(SimpleNamespace(device="cpu", backend="gloo", threads_per_rank=1))
+    yield info
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    dist._INFO = None
+    torch.set_num_threads(threads)
+    for k, v in saved_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+# ----------------------------------------------------------------------------- global_denominator
+def test_global_denominator_needs_the_process_group(monkeypatch):
+    monkeypatch.setattr(dist, "_INFO", None)
+    with pytest.raises(RuntimeError, match=r"dist.init\(\) has not been called"):
+        rl.global_denominator(torch.ones(2, 3), 8)
+
+
+def test_global_denominator_counts_on_one_rank(one_rank):
+    assert one_rank.world_size == 1 and one_rank.rank == 0
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 0, 0, 1]], dtype=torch.float32)
+    d = rl.global_denominator(mask, 24)
+    assert (d.num_seqs, d.num_tokens, d.max_len) == (3.0, 6.0, 24.0)  # the all-masked row is not a sequence
+    assert d == agg_denominator(mask, 24)
+    empty = rl.global_denominator(torch.zeros(2, 4), 5)
+    assert (empty.num_seqs, empty.num_tokens) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "constant-norm"])
+def test_micro_batch_losses_with_the_global_denominator_add_up_to_the_batch_loss(one_rank, mode):
+    g = torch.Generator().manual_seed(0)
+    loss = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    lengths = [6, 1, 3, 0, 2, 5, 4, 6]
+    mask = torch.tensor([[1.0] * n + [0.0] * (6 - n) for n in lengths], dtype=torch.float64)
+    fn = AGGREGATIONS.get(mode)
+    denom = rl.global_denominator(mask, 6)
+    full = fn(loss, mask, denom)
+    for micro in (1, 2, 3, 8):
+        parts = sum(fn(loss[i:i + micro], mask[i:i + micro], denom) for i in range(0, 8, micro))
+        assert abs(float(parts) - float(full)) < 1e-12, (micro, float(parts), float(full))
+    # local (per-micro-batch) counts would give a different loss: the check above has power
+    local = sum(fn(loss[i:i + 2], mask[i:i + 2], None) for i in range(0, 8, 2))
+    assert abs(float(local) - float(full)) > 1e-3
+
+
+# ----------------------------------------------------------------------------- Sums and metrics
+def test_sums_reduce_to_weighted_means(one_rank):
+    s = rl.Sums()
+    s.add("kl", 3.0, 2)
+    s.add("kl", 1.0, 2)
+    s.add("entropy", 5.0, 10)
+    s.add("never", 0.0, 0)
+    assert s.reduce() == {"entropy": 0.5, "kl": 1.0, "never": 0.0}
+
+
+def test_entropy_matches_the_definition():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 3, 11, generator=g)
+    p = torch.softmax(logits.double(), -1)
+    want = -(p * p.log()).sum(-1)
+    got = rl.entropy(logits, rows_per_chunk=2)
+    assert got.shape == (5, 3) and (got.double() - want).abs().max().item() < 1e-5
+    assert abs(rl.entropy(torch.zeros(1, 1, 11)).item() - torch.log(torch.tensor(11.0)).item()) < 1e-5
+
+
+def test_rollout_metrics(one_rank):
+    ro = _rollout([1.0, 0.0, 1.0, 1.0], truncated=[True, False, False, False])
+    stats = rl.Sums()
+    rl.rollout_metrics(ro, stats, 2)
+    out = stats.reduce()
+    assert out["reward"] == 0.75 and out["reward_sq"] == 0.75
+    assert out["truncated_frac"] == 0.25
+    assert out["frac_zero_std"] == 0.5  # group 1 (1, 1) has zero std, group 0 (1, 0) does not
+    assert out["reward/correctness"] == 0.75
+    assert out["response_len"] == pytest.approx(sum(len(c) for c in ro.completion_ids) / 4)
+
+
+# ----------------------------------------------------------------------------- merge_informative
+def _rollout(scores, truncated=None, tag="a"):
+    n = len(scores)
+    prompts = [[10 + i // 2] for i in range(n)]
+    comps = [[20 + i] * (1 + i % 3) + [EOS] for i in range(n)]
+    ids, attn, mask = rb.build_sequences(prompts, comps, PAD)
+    return rb.Rollout(rows=[{"prompt": f"{tag}{i // 2}"} for i in range(n)],
+                      prompt_texts=[f"{tag}{i // 2}" for i in range(n)],
+                      completions=[f"{tag}{i}" for i in range(n)], completion_ids=comps, input_ids=ids,
+                      attention_mask=attn, mask=mask, truncated=torch.tensor(truncated or [False] * n),
+                      prompt_lens=[1] * n, scores=torch.tensor(scores, dtype=torch.float64),
+                      per_source={"correctness": list(map(float, scores))})
+
+
+def test_merge_informative_replaces_all_equal_groups():
+    G = 2
+    ro = _rollout([1.0, 0.0, 0.0, 0.0, 1.0, 1.0], tag="a")      # groups: informative, flat, flat
+    extra = _rollout([0.0, 0.0, 0.5, 0.0, 1.0, 0.0], tag="b")   # groups: flat, informative, informative
+    keep = torch.tensor([True, False, False])
+    keep_extra = torch.tensor([False, True, True])
+    out = rl.merge_informative(ro, extra, keep, keep_extra, G, PAD)
+    assert out.completions == ["a0", "a1", "b2", "b3", "b4", "b5"]
+    assert out.scores.tolist() == [1.0, 0.0, 0.5, 0.0, 1.0, 0.0]
+    assert len(out) == len(ro)
+    # groups stay contiguous and each keeps its own prompt
+    assert [r["prompt"] for r in out.rows] == ["a0", "a0", "b1", "b1", "b2", "b2"]
+
+
+def test_merge_informative_fills_up_with_flat_groups_when_short():
+    ro = _rollout([0.0, 0.0, 1.0, 0.0], tag="a")       # flat, informative
+    extra = _rollout([1.0, 1.0, 0.0, 0.0], tag="b")    # flat, flat
+    out = rl.merge_informative(ro, extra, torch.tensor([False, True]), torch.tensor([False, False]), 2, PAD)
+    assert out.completions == ["a2", "a3", "a0", "a1"]
+
+
+# ----------------------------------------------------------------------------- iterative RL pairs
+def _rec(prompt, completion, correct):
+    return {"prompt": prompt, "prompt_text": prompt + "\nA:\n", "completion": completion, "gold": "3",
+            "correct": correct}
+
+
+def test_rm_pairs_pair_correct_with_incorrect_within_each_group():
+    records = [_rec("p0", "good0", True), _rec("p0", "bad0", False), _rec("p0", "bad1", False),
+               _rec("p0", "good1", True),
+               _rec("p1", "x", False), _rec("p1", "y", False), _rec("p1", "z", False), _rec("p1", "w", False),
+               _rec("p2", "g", True), _rec("p2", "h", True), _rec("p2", "i", True), _rec("p2", "j", False)]
+    pairs = iterative.rm_pairs(records, 4)
+    assert [(p["chosen"], p["rejected"]) for p in pairs] == [("good0", "bad0"), ("good1", "bad1"), ("g", "j")]
+    assert [p["prompt_text"] for p in pairs] == ["p0\nA:\n", "p0\nA:\n", "p2\nA:\n"]
+
+
+def test_rm_pairs_never_cross_groups():
+    records = [_rec("p0", "good", True), _rec("p0", "good2", True), _rec("p1", "bad", False), _rec("p1", "bad2", False)]
+    assert iterative.rm_pairs(records, 2) == []
+
+
+# ----------------------------------------------------------------------------- offline RFT
+def test_dedupe_keeps_first_occurrence_in_order():
+    samples = [(0, "a"), (1, "a"), (0, "a"), (0, "b"), (1, "a"), (2, "c"), (0, "b")]
+    assert rft.dedupe(samples) == [(0, "a"), (1, "a"), (0, "b"), (2, "c")]
+    assert rft.dedupe([]) == []
