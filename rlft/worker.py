@@ -19,6 +19,8 @@ def run_stage(cfg) -> dict:
 
 
 def main(argv: list[str]) -> None:
+    # the DeepSpeed launcher appends --local_rank=N; the rank comes from the environment anyway
+    argv = [a for a in argv if not a.startswith("--local_rank")]
     if len(argv) != 1:
         raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
     run_stage(OmegaConf.load(argv[0]))
