@@ -1,6 +1,9 @@
 """The synthetic arithmetic task: correct worked solutions, disjoint splits, consistent corruptions."""
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +135,15 @@ def test_step_label_fractions(splits):
     train, _ = splits
     assert all(all(r["labels"]) for r in step_label_rows(train[:30], seed=0, frac_correct=1.0))
     assert not any(all(r["labels"]) for r in step_label_rows(train[:30], seed=0, frac_correct=0.0))
+
+
+def test_task_and_loading_modules_import_without_torch():
+    """The config schema imports TaskSpec; that must not pull in torch or transformers."""
+    code = (
+        "import sys, rlft.data.synthetic, rlft.data.loading, rlft.data.formatting; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
