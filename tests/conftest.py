@@ -15,8 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 
 # The tiny model on a small built-in task: a few seconds per stage on one CPU core.
@@ -171,8 +169,3 @@ def run_probed(tmp_path: Path, probe_out: Path, *args: str, timeout: float = 300
     """run_cli through PROBE_DRIVER (single rank only); the record lands in probe_out."""
     return run_cli(tmp_path, *args, timeout=timeout, env=cli_env(RLFT_PROBE_OUT=str(probe_out)),
                    prefix=[sys.executable, "-c", PROBE_DRIVER])
-
-
-@pytest.fixture
-def tiny():
-    return list(TINY)

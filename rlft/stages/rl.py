@@ -285,7 +285,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
             n_roll = max(1, t.log_every // steps_per_rollout)
             summary.update({f"time_{k}_s": v / n_roll for k, v in times.items()}, lr=stage.policy.lr(),
                            iteration=iteration)
-            if a.eval_every and done % a.eval_every == 0:
+            if a.eval_every and done % a.eval_every == 0 and done != t.max_steps:
                 summary.update(stage.greedy_accuracy())
             tracker.log(done, summary)
             stats, times = Sums(), {k: 0.0 for k in times}
