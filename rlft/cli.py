@@ -87,11 +87,30 @@ def run_hydra(task, args: list[str]) -> None:
         sys.argv = saved
 
 
+HYDRA_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
+                          "--config-dir", "-cd", "--experimental-rerun", "--info", "-i")
+
+
+def hydra_overrides(args: list[str]) -> list[str]:
+    """The key=value overrides among the arguments, without Hydra's flags and their values."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            if "=" not in arg:
+                continue
+        if arg.startswith("-"):
+            skip = arg in HYDRA_FLAGS_WITH_VALUE
+            continue
+        out.append(arg)
+    return out
+
+
 def _check(args: list[str]) -> None:
     from rlft.config import ConfigError
     from rlft.overrides import check_overrides
 
-    overrides = [a for a in args if not a.startswith("-")]
+    overrides = hydra_overrides(args)
     try:
         check_overrides(overrides)
     except ConfigError as exc:
@@ -107,10 +126,12 @@ def cmd_list(args: list[str]) -> None:
         prefix = args[1] if len(args) > 1 else None
         algo = args[2] if len(args) > 2 else (prefix.split(".")[1] if prefix and prefix.startswith("algo.") else "sft")
         rows = describe_keys(prefix, algo if algo in ALGO_SCHEMAS else "sft")
-        if prefix == "algo" or (prefix or "").startswith("algo"):
+        if prefix == "algo":
             rows = []
             for name in sorted(ALGO_SCHEMAS):
                 rows += [(k.replace("algo.", f"algo({name}).", 1), d, doc) for k, d, doc in describe_keys("algo", name)]
+        elif prefix and prefix.startswith("algo.") and algo in ALGO_SCHEMAS:
+            rows = describe_keys("algo", algo)
         if not rows:
             fail(f"no config keys under '{prefix}'; try `rlft list keys`")
         width = max(len(r[0]) for r in rows)
@@ -133,7 +154,13 @@ def cmd_list(args: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # `rlft list keys | head`
+        sys.stderr.close()
+
+
+def _main(args: list[str]) -> None:
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE)
         return

@@ -334,6 +334,7 @@ class RFTConfig(AlgoConfig):
 ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig, "grpo": RLConfig,
                                  "online_rft": RLConfig, "rft": RFTConfig}
 RL_ALGOS = ("grpo", "online_rft")
+CRITIC_ADVANTAGES = ("gae",)  # need value estimates from a critic
 
 
 def derive(cfg) -> None:
@@ -388,7 +389,10 @@ def field_docs(schema: type) -> dict[str, str]:
     for klass in reversed(schema.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):  # installed without sources: no docs, keys still listed
+            continue
         body = tree.body[0].body
         for node, nxt in zip(body, body[1:]):
             if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr)
@@ -482,10 +486,18 @@ def validate_rl(cfg) -> None:
     if a.samples_per_prompt < 2 and a.advantage in ("grpo", "dr_grpo", "grpo_process", "rloo", "reinforce_pp_baseline"):
         raise ConfigError(f"algo.samples_per_prompt={a.samples_per_prompt}: group-relative advantages need "
                           "groups of at least 2 completions")
-    if a.prompts_per_step % world:
-        raise ConfigError(f"algo.prompts_per_step={a.prompts_per_step} must be divisible by the {world} rank(s)")
-    if a.iterations < 1 or cfg.train.max_steps % a.iterations:
-        raise ConfigError(f"train.max_steps={cfg.train.max_steps} must be a multiple of algo.iterations={a.iterations}")
+    if a.advantage in CRITIC_ADVANTAGES:
+        raise ConfigError(f"algo.advantage={a.advantage} needs a critic, which algo={a.name} does not train; "
+                          f"choose one of: {', '.join(n for n in ADVANTAGES.names() if n not in CRITIC_ADVANTAGES)}")
+    shards = a.minibatches_per_rollout * world
+    if a.prompts_per_step % shards:
+        raise ConfigError(f"algo.prompts_per_step={a.prompts_per_step} must be divisible by "
+                          f"algo.minibatches_per_rollout x ranks = {a.minibatches_per_rollout} x {world}")
+    per_iteration = a.updates_per_rollout * a.minibatches_per_rollout * a.iterations
+    if a.iterations < 1 or cfg.train.max_steps % per_iteration:
+        raise ConfigError(
+            f"train.max_steps={cfg.train.max_steps} must be a multiple of algo.updates_per_rollout x "
+            f"algo.minibatches_per_rollout x algo.iterations = {per_iteration} (optimizer steps per iteration)")
 
 
 def grad_accum_steps(cfg) -> int:

@@ -62,8 +62,24 @@ def write_config(cfg, path: Path) -> None:
     os.replace(tmp, path)
 
 
+class RankUserError(LaunchError):
+    """A rank stopped on a user error (bad data, missing input); its one-line message."""
+
+
+def preflight(cfg) -> None:
+    """Inputs that must exist, checked before any rank starts (one-line MissingInputError)."""
+    handoff.resolve_model_path(cfg)
+    a = cfg.algo
+    functions = list(cfg.reward.functions) if a.name in ("grpo", "online_rft", "rft") else []
+    if "rm" in functions:
+        handoff.resolve_model_path(cfg, cfg.reward.rm_path)
+    if "prm" in functions or a.get("advantage") == "grpo_process":
+        handoff.resolve_model_path(cfg, cfg.reward.prm_path)
+
+
 def launch_train(cfg) -> None:
     cfg = resolved(cfg)
+    preflight(cfg)
     run_dir = Path(cfg.run.dir)
     e = cfg.engine
     if e.node_rank == 0:
@@ -78,8 +94,12 @@ def launch_train(cfg) -> None:
         cfg_path = Path(tmp) / "config.yaml"
         write_config(cfg, cfg_path)
         cmd = rank_command(cfg, cfg_path)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        error_file = Path(tmp) / "error.txt"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFT_ERROR_FILE": str(error_file)}
         code = subprocess.call(cmd, env=env)
+        user_error = error_file.read_text() if error_file.exists() else None
+    if user_error:
+        raise RankUserError(user_error)
     if code != 0:
         raise LaunchError(f"training ranks exited with code {code} (command: {' '.join(cmd)}); see the log above")
 

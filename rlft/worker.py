@@ -1,6 +1,7 @@
 """One training rank: `python -m rlft.worker RESOLVED_CONFIG.yaml` (started by rlft.launch)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +24,17 @@ def main(argv: list[str]) -> None:
     argv = [a for a in argv if not a.startswith("--local_rank")]
     if len(argv) != 1:
         raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
-    run_stage(OmegaConf.load(argv[0]))
+    from rlft.cli import _user_errors
+
+    try:
+        run_stage(OmegaConf.load(argv[0]))
+    except _user_errors() as exc:
+        if int(os.environ.get("RANK", "0")) == 0:
+            error_file = os.environ.get("RLFT_ERROR_FILE")
+            if error_file:  # the driver repeats it as its own last line
+                Path(error_file).write_text(str(exc))
+            print(f"rlft: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

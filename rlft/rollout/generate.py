@@ -56,7 +56,8 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], samples_per_prompt: 
         kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.do_sample,
                       pad_token_id=pad, eos_token_id=eos, use_cache=True)
         if sampling.do_sample:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+            # top_k=0 switches top-k off explicitly (None would fall back to the model's default of 50)
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         seqs = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **kwargs)

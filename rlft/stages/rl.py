@@ -99,8 +99,8 @@ class RLStage:
         def rank_rows(seed_offset: int) -> list[dict]:
             idx = common.step_indices(rollout_index, a.prompts_per_step, len(self.train_rows),
                                       self.cfg.seed + seed_offset)
-            per_rank = a.prompts_per_step // info.world_size
-            return [self.train_rows[i] for i in idx[info.rank * per_rank:(info.rank + 1) * per_rank]]
+            mine = minibatch_shard(idx, a.minibatches_per_rollout, info.rank, info.world_size)
+            return [self.train_rows[i] for i in mine]
 
         ro = self.sample(rank_rows(0))
         self.score(ro)
@@ -185,6 +185,17 @@ def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Roll
                 policy.step()
                 stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
                 stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens)
+
+
+def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int) -> list[int]:
+    """This rank's prompts: its share of every minibatch, minibatch by minibatch.
+
+    Minibatch k holds the same prompts whatever the world size, so an update with several
+    minibatches per rollout does not depend on the number of ranks."""
+    per_mb = len(indices) // minibatches
+    per_rank = per_mb // world
+    return [i for k in range(minibatches)
+            for i in indices[k * per_mb + rank * per_rank:k * per_mb + (rank + 1) * per_rank]]
 
 
 class Sums:

@@ -143,8 +143,6 @@ def test_multi_node_without_port_is_refused(workdir):
     assert not stage_dir(workdir, "noport", "sft").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG rlft/launch.py + rlft/worker.py: with several ranks a missing input "
-                   "is raised inside each rank: ~80 lines of tracebacks and 'training ranks exited with code 1'")
 def test_missing_input_is_one_line_with_two_ranks(workdir):
     """DESIGN.md: a missing input is a one-line error that names the command that would make it."""
     proc = run_cli(workdir, "train", "algo=rm", "run.name=nosft", *BASE, *CONFIGS["z2x2"], timeout=300)

@@ -6,8 +6,8 @@ composed with Hydra and validated (train.batch_size derived), RLStage.prepare co
 reference log-probs (a perturbed copy of the model, so the k3 KL term has a gradient with
 kl_coef=0.04), old log-probs when the batch is reused, and registry advantages; then
 rlft.stages.rl.update_policy steps a DeepSpeed Engine. Each configuration runs in a worker
-started with `torch.distributed.run` (gloo, CPU); rank r takes prompts [r P/W, (r+1) P/W)
-with their G samples, as the RL loop does, and rank 0 saves engine.full_state_dict().
+started with `torch.distributed.run` (gloo, CPU); rank r takes its share of every minibatch's
+prompts (rl.minibatch_shard) with their G samples, as the RL loop does, and rank 0 saves engine.full_state_dict().
 
 Power: the updates are large (> 1e-4 from the initial weights), and a deliberately broken
 normalisation (each micro-batch aggregated with its own counts) is shown to differ. Updates
@@ -106,8 +106,9 @@ def completion_ids(text):
     return ids + [tok.eos_token_id] if eos else ids
 
 
-def rank_rollout(rank):
-    rows = range(rank * len(COMPLETIONS) // world, (rank + 1) * len(COMPLETIONS) // world)
+def rank_rollout(rank, minibatches):
+    mine = rl.minibatch_shard(list(range(len(PROMPTS))), minibatches, rank, world)
+    rows = [p * G + j for p in mine for j in range(G)]
     prompts = [prompt_ids[i // G] for i in rows]
     comps = [completion_ids(COMPLETIONS[i]) for i in rows]
     ids, attn, mask = rb.build_sequences(prompts, comps, tok.pad_token_id)
@@ -138,7 +139,7 @@ for case in cases:
         initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
         policy = Engine(cfg, model)
         ref = Engine(cfg, ref_model, trainable=False)
-        ro = rank_rollout(info.rank)
+        ro = rank_rollout(info.rank, cfg.algo.minibatches_per_rollout)
         fake_stage = SimpleNamespace(a=cfg.algo, cfg=cfg, ctx=SimpleNamespace(info=info), policy=policy, ref=ref)
         rl.RLStage.prepare(fake_stage, ro)
         assert ro.ref_logp is not None
@@ -296,7 +297,5 @@ def test_global_denominator_sums_over_ranks(runs):
                    - runs[1]["results"]["adam-seq-mean-token-mean-m8"]["metrics"][name]) < 1e-6, name
 
 
-@pytest.mark.xfail(strict=True, reason="update_policy splits each rank's rows into minibatches locally, so with "
-                   "minibatches_per_rollout > 1 the k-th global minibatch holds different prompts at 1 and 2 ranks")
 def test_world_size_does_not_change_minibatch_updates(runs):
     assert max_diff(final(runs, 2, "sgd-mb2-m4"), final(runs, 1, "sgd-mb2-m8")) < TOL

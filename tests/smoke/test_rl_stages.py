@@ -236,22 +236,14 @@ def test_unknown_advantage_lists_the_estimators(tmp_path):
         assert name in valid, line
 
 
-# Known bugs (see the report), kept as strict xfails so the suite stays green until they are fixed:
-# each of these configurations is accepted by validation and then fails (or silently trains the
-# wrong number of steps) inside the stage. Checked without parents: a fixed validate() rejects them
-# before the stage starts; today the stage's missing-input error comes first.
+# Schedules that cannot be honoured are rejected up front with a one-line error.
 @pytest.mark.slow
 @pytest.mark.parametrize("args, names", [
     pytest.param(["algo.iterations=2", "train.max_steps=2", "algo.updates_per_rollout=2"],
-                 ["algo.iterations", "algo.updates_per_rollout"], id="iterations-longer-than-run", marks=pytest.mark.xfail(
-                     strict=True, reason="rl.run: rollouts_per_iteration = (max_steps // steps_per_rollout) // "
-                     "iterations = 0 -> ZeroDivisionError traceback")),
+                 ["algo.iterations", "algo.updates_per_rollout"], id="iterations-longer-than-run"),
     pytest.param(["train.max_steps=3", "algo.updates_per_rollout=2"], ["train.max_steps", "algo.updates_per_rollout"],
-                 id="max-steps-not-multiple", marks=pytest.mark.xfail(
-                     strict=True, reason="rl.run trains (max_steps // steps_per_rollout) rollouts: 2 of 3 steps, "
-                     "and the manifest says complete")),
-    pytest.param(["algo.advantage=gae"], ["algo.advantage", "gae"], id="gae-needs-a-critic", marks=pytest.mark.xfail(
-        strict=True, reason="validate_rl accepts gae, RLStage.prepare has no critic values: ValueError traceback")),
+                 id="max-steps-not-multiple"),
+    pytest.param(["algo.advantage=gae"], ["algo.advantage", "gae"], id="gae-needs-a-critic"),
 ])
 def test_inconsistent_rl_schedules_are_config_errors(tmp_path, args, names):
     proc = rl_cli(tmp_path, "train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, *args, timeout=120)

@@ -119,8 +119,6 @@ def test_list_keys_train(tmp_path):
     assert all(len(r) == 3 and r[2].strip() for r in rows), "every key has a default and a doc"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG rlft/cli.py cmd_list: `rlft list keys algo.<name>` lists every "
-                   "algorithm's keys instead of that algorithm's")
 def test_list_keys_of_one_algo(tmp_path):
     proc = run_cli(tmp_path, "list", "keys", "algo.rm", timeout=60)
     assert proc.returncode == 0, explain(proc)
@@ -161,8 +159,6 @@ def test_jsonl_row_without_answer_names_file_row_and_field(tmp_path):
     assert not (run / "checkpoints").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG rlft/cli.py _check: the value of a Hydra flag (`--cfg job`) is "
-                   "parsed as an override, although USAGE says Hydra flags pass through")
 def test_hydra_cfg_flag_passes_through(tmp_path):
     proc = run_cli(tmp_path, "train", "--cfg", "job", "algo=rm", timeout=120)
     assert proc.returncode == 0, explain(proc)
