@@ -38,13 +38,19 @@ PHRASES = {
 
 @dataclass
 class TaskSpec:
-    """Difficulty and size of the synthetic task."""
+    """Difficulty and size of the synthetic task.
 
-    min_ops: int = 2
+    The defaults are tuned so that a tiny Llama-style model (hidden 128, 2 layers, intermediate
+    256, 4 heads) trained with SFT for 900 steps of 32 sequences (about 2.7 minutes on one CPU
+    thread) reaches roughly 30-50% greedy accuracy but 70-80% pass@8 at temperature 1.0 on the
+    held-out split: a policy with clear room for RL to raise greedy accuracy.
+    """
+
+    min_ops: int = 1
     """Fewest operations (reasoning steps before `####`) in a problem."""
-    max_ops: int = 3
+    max_ops: int = 2
     """Most operations in a problem."""
-    max_operand: int = 50
+    max_operand: int = 20
     """Starting amounts are drawn from 2..max_operand, +/- operands from 1..max_operand."""
     max_factor: int = 3
     """Multipliers for `*` are drawn from 2..max_factor."""
