@@ -105,14 +105,16 @@ class ModelConfig:
     """Tokenizer location when it differs from `path` (`builtin:char` for the built-in one)."""
     hidden_size: int = 128
     """Built-in tiny model only: hidden width."""
-    intermediate_size: int = 384
+    intermediate_size: int = 256
     """Built-in tiny model only: MLP width."""
-    num_layers: int = 3
+    num_layers: int = 2
     """Built-in tiny model only: transformer blocks."""
     num_heads: int = 4
     """Built-in tiny model only: attention heads."""
     max_position_embeddings: int = 512
     """Built-in tiny model only: longest sequence the model accepts."""
+    tie_embeddings: bool = True
+    """Built-in tiny model only: share the input embedding and output projection weights."""
     trust_remote_code: bool = False
     """Allow model code from the hub (only for models that need it)."""
 

@@ -38,7 +38,7 @@ def tiny_config(model_cfg, tokenizer):
         intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
         num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_heads,
         max_position_embeddings=model_cfg.max_position_embeddings, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=model_cfg.tie_embeddings, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, num_labels=1,
     )
 

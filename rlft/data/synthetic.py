@@ -66,6 +66,10 @@ class TaskSpec:
     """Training problems."""
     num_test: int = 500
     """Held-out problems; their questions never appear in the training split."""
+    demo_slip_rate: float = 0.0
+    """Training split only: share of worked solutions written by a sloppy solver who drops carries
+    and borrows (e.g. 17+25=32, 42-17=35). The gold `final` answer stays correct, as when SFT
+    demonstrations are imperfect but the RL verifier knows the truth."""
     seed: int = 0
     """Seed of the split generator; the same spec always gives the same rows."""
 
@@ -82,6 +86,8 @@ class TaskSpec:
                 raise ValueError(f"{knob} must be in 1..{len(limit)}")
         if self.num_templates < 1:
             raise ValueError("num_templates must be >= 1")
+        if not 0.0 <= self.demo_slip_rate <= 1.0:
+            raise ValueError(f"demo_slip_rate must be in [0, 1], got {self.demo_slip_rate}")
 
 
 def apply_op(value: int, op: str, operand: int) -> int:
@@ -138,6 +144,29 @@ def make_problem(rng: random.Random, spec: TaskSpec) -> dict:
     }
 
 
+def sloppy_result(value: int, op: str, operand: int) -> int:
+    """The result a solver gets who adds and subtracts digit by digit, dropping carries and
+    borrows (each digit of a difference is |a - b|); multiplication is done right."""
+    if op == "*":
+        return value * operand
+    a, b = str(value), str(operand)
+    width = max(len(a), len(b))
+    a, b = a.zfill(width), b.zfill(width)
+    digits = [(int(x) + int(y)) % 10 if op == "+" else abs(int(x) - int(y)) for x, y in zip(a, b)]
+    return int("".join(map(str, digits)))
+
+
+def sloppy_solution(problem: dict) -> str:
+    """The problem's worked solution as the sloppy solver writes it (consistent with its own slips)."""
+    parsed = [parse_step(step) for step in problem["steps"]]
+    value, steps = parsed[0][0], []
+    for _, op, operand in parsed:
+        result = sloppy_result(value, op, operand)
+        steps.append(format_step(value, op, operand, result))
+        value = result
+    return solution_text(steps, value)
+
+
 def make_splits(spec: TaskSpec) -> tuple[list[dict], list[dict]]:
     """Deterministic (train_rows, test_rows); every question is unique across both splits."""
     rng = random.Random(spec.seed)
@@ -153,7 +182,12 @@ def make_splits(spec: TaskSpec) -> tuple[list[dict], list[dict]]:
         if problem["question"] not in seen:
             seen.add(problem["question"])
             rows.append(problem)
-    return rows[spec.num_test :], rows[: spec.num_test]
+    train, test = rows[spec.num_test :], rows[: spec.num_test]
+    if spec.demo_slip_rate > 0:
+        slip_rng = random.Random(spec.seed + 1)
+        train = [{**r, "answer": sloppy_solution(r)} if slip_rng.random() < spec.demo_slip_rate else r
+                 for r in train]
+    return train, test
 
 
 def parse_step(step: str) -> tuple[int, str, int]:

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# SFT -> GRPO on the built-in task, CPU-sized, then held-out evaluation of both checkpoints
+# (200 problems: greedy accuracy, maj@8, pass@8 at temperature 0.7). Prints the comparison table.
+#   bash scripts/grpo_demo.sh [run-name] [extra overrides for every stage...]
+set -euo pipefail
+RUN=${1:-grpo_demo}
+shift || true
+TASK=(data.task.demo_slip_rate=0.5)
+rlft train algo=sft run.name="$RUN" "${TASK[@]}" "$@"
+rlft train algo=grpo run.name="$RUN" "${TASK[@]}" "$@"
+for stage in sft grpo; do
+  rlft eval model.path=stage:$stage run.name="$RUN" "${TASK[@]}" "$@"
+done
+python3 "$(dirname "$0")/eval_table.py" "runs/$RUN" sft grpo
