@@ -245,7 +245,7 @@ def preference_rows(problems: list[dict], seed: int) -> list[dict]:
         wrong, _ = corrupt_steps(problem, rng)
         rows.append({
             "question": problem["question"],
-            "chosen": problem["answer"],
+            "chosen": solution_text(problem["steps"], problem["final"]),  # correct even when the demo slipped
             "rejected": solution_text(wrong, final_of(wrong)),
         })
     return rows

@@ -35,8 +35,13 @@ def eval_model_path(cfg) -> str:
 
 
 def output_dir(cfg, model_ref: str) -> Path:
-    tag = model_ref[len(handoff.STAGE_PREFIX):] if model_ref.startswith(handoff.STAGE_PREFIX) else \
-        re.sub(r"[^A-Za-z0-9_.-]+", "_", model_ref.strip("/"))[-80:]
+    """runs/<run.name>/eval/<tag>: the stage name, or the directory holding a `final/` model."""
+    if model_ref.startswith(handoff.STAGE_PREFIX):
+        tag = model_ref[len(handoff.STAGE_PREFIX):]
+    elif Path(model_ref).name == "final":
+        tag = Path(model_ref).parent.name
+    else:
+        tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", model_ref.strip("/"))[-80:]
     return Path(cfg.run.root) / cfg.run.name / "eval" / tag
 
 

@@ -147,3 +147,25 @@ def test_task_and_loading_modules_import_without_torch():
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_sloppy_solver_drops_carries_and_borrows():
+    from rlft.data.synthetic import sloppy_result
+
+    assert sloppy_result(17, "+", 25) == 32   # 7+5=12 -> 2, 1+2 -> 3
+    assert sloppy_result(42, "-", 17) == 35   # |2-7|=5, 4-1=3
+    assert sloppy_result(13, "+", 5) == 18    # no carry: unchanged
+    assert sloppy_result(6, "*", 3) == 18     # multiplication is done right
+
+
+def test_demo_slip_rate_changes_training_demonstrations_only():
+    from rlft.data.synthetic import TaskSpec, make_splits, preference_rows
+
+    clean_train, clean_test = make_splits(TaskSpec(num_train=400, num_test=50))
+    train, test = make_splits(TaskSpec(num_train=400, num_test=50, demo_slip_rate=1.0))
+    assert test == clean_test
+    assert [r["final"] for r in train] == [r["final"] for r in clean_train]  # gold answers stay correct
+    slipped = [r for r in train if not r["answer"].endswith(f"#### {r['final']}")]
+    assert 0.2 * len(train) < len(slipped) < len(train)  # only problems with a carry or borrow change
+    for row in preference_rows(train, seed=0):
+        assert row["chosen"].endswith("#### " + next(r["final"] for r in train if r["question"] == row["question"]))
