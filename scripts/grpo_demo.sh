@@ -5,10 +5,9 @@
 set -euo pipefail
 RUN=${1:-grpo_demo}
 shift || true
-TASK=(data.task.demo_slip_rate=0.5)
-rlft train algo=sft run.name="$RUN" "${TASK[@]}" "$@"
-rlft train algo=grpo run.name="$RUN" "${TASK[@]}" "$@"
+rlft train algo=sft run.name="$RUN" "$@"
+rlft train algo=grpo run.name="$RUN" "$@"
 for stage in sft grpo; do
-  rlft eval model.path=stage:$stage run.name="$RUN" "${TASK[@]}" "$@"
+  rlft eval model.path=stage:$stage run.name="$RUN" "$@"
 done
 python3 "$(dirname "$0")/eval_table.py" "runs/$RUN" sft grpo

@@ -6,7 +6,7 @@
 set -euo pipefail
 RUN=${1:-rl_table}
 shift || true
-COMMON=(run.name="$RUN" data.task.demo_slip_rate=0.5 "$@")
+COMMON=(run.name="$RUN" "$@")
 ROOT=runs/$RUN
 
 train() {  # train <output dir name> <overrides...>

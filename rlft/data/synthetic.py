@@ -40,10 +40,11 @@ PHRASES = {
 class TaskSpec:
     """Difficulty and size of the synthetic task.
 
-    The defaults are tuned so that a tiny Llama-style model (hidden 128, 2 layers, intermediate
-    256, 4 heads) trained with SFT for 900 steps of 32 sequences (about 2.7 minutes on one CPU
-    thread) reaches roughly 30-50% greedy accuracy but 70-80% pass@8 at temperature 1.0 on the
-    held-out split: a policy with clear room for RL to raise greedy accuracy.
+    The defaults are tuned so that the built-in tiny model (hidden 128, 2 layers, intermediate
+    256, 4 heads) trained with SFT for 900 steps of 32 sequences (about 2 minutes on 2 CPU cores)
+    stays well below its pass@8 in greedy accuracy: half of the training demonstrations come from
+    a sloppy solver (`demo_slip_rate`), so the SFT policy mixes correct and carry-dropping
+    arithmetic, and RL with the verifier has clear room to raise greedy accuracy.
     """
 
     min_ops: int = 1
@@ -66,7 +67,7 @@ class TaskSpec:
     """Training problems."""
     num_test: int = 500
     """Held-out problems; their questions never appear in the training split."""
-    demo_slip_rate: float = 0.0
+    demo_slip_rate: float = 0.5
     """Training split only: share of worked solutions written by a sloppy solver who drops carries
     and borrows (e.g. 17+25=32, 42-17=35). The gold `final` answer stays correct, as when SFT
     demonstrations are imperfect but the RL verifier knows the truth."""

@@ -16,6 +16,7 @@ from rlft.data.synthetic import (
     make_splits,
     parse_step,
     preference_rows,
+    solution_text,
     step_label_rows,
 )
 
@@ -109,7 +110,8 @@ def test_preference_rows(splits):
     rows = preference_rows(train[:20], seed=0)
     assert rows == preference_rows(train[:20], seed=0)
     for row, p in zip(rows, train):
-        assert row["question"] == p["question"] and row["chosen"] == p["answer"]
+        # chosen is the correct solution even where the demonstration slipped
+        assert row["question"] == p["question"] and row["chosen"] == solution_text(p["steps"], p["final"])
         *lines, last = row["rejected"].split("\n")
         assert last == "#### " + lines[-1].split("=")[1]
         assert last != f"#### {p['final']}"
