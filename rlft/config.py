@@ -306,6 +306,10 @@ class RLConfig(AlgoConfig):
     """Iterative RL: reward-model optimizer steps after each iteration."""
     rm_lr: float = 2.0e-4
     """Iterative RL: reward-model learning rate."""
+    prm_label_completions: int = 4
+    """Iterative RL with a PRM: continuations sampled per step prefix for Math-Shepherd labels."""
+    prm_label_budget: int = 64
+    """Iterative RL with a PRM: incorrect completions labelled step by step per iteration and rank."""
     eval_every: int = 0
     """Held-out greedy accuracy every this many optimizer steps (0: only at the end)."""
     eval_problems: int = 200

@@ -9,7 +9,7 @@ At the end of iteration k (before iteration k+1 starts):
      iterations/iter-k/<rm|prm>;
        RM  pairs: (correct, incorrect) completions of the same prompt;
        PRM step labels, Math-Shepherd hard estimate (§2.2): every step of a correct completion
-           is 1; a step of an incorrect one is 1 when any of `prm_completions` continuations of
+           is 1; a step of an incorrect one is 1 when any of `algo.prm_label_completions` continuations of
            its prefix, sampled from the current policy, reaches the gold answer;
   3. the reference model is reloaded from iterations/iter-k/policy.
 """
@@ -27,9 +27,6 @@ from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout.generate import SamplingConfig, generate
 from rlft.stages import common, inputs
 from rlft.stages.reward import prm_loss, rm_loss
-
-PRM_COMPLETIONS = 4      # continuations per step prefix (Math-Shepherd N)
-PRM_LABEL_BUDGET = 64    # incorrect completions labelled step by step per iteration and rank
 
 
 def sample_records(ro) -> list[dict]:
@@ -62,12 +59,13 @@ def hard_step_labels(stage, record: dict) -> list[int]:
     tok = stage.tokenizer
     prefixes = ["\n".join(steps[:j + 1]) + "\n" for j in range(len(steps))]
     prompt_ids = [encode_prompt(tok, record["prompt_text"] + p) for p in prefixes]
+    n = stage.a.prm_label_completions
     sampling = SamplingConfig(stage.a.max_new_tokens, True, stage.a.temperature, batch_size=stage.a.generation_batch)
     with stage.policy.gathered() as module:
-        gens = generate(module, tok, prompt_ids, PRM_COMPLETIONS, sampling, stage.ctx.info.device)
+        gens = generate(module, tok, prompt_ids, n, sampling, stage.ctx.info.device)
     labels = []
     for j, prefix in enumerate(prefixes):
-        texts = gens.texts[j * PRM_COMPLETIONS:(j + 1) * PRM_COMPLETIONS]
+        texts = gens.texts[j * n:(j + 1) * n]
         labels.append(int(any(answers_match(extract_answer(prefix + t), record["gold"]) for t in texts)))
     return labels
 
@@ -78,8 +76,9 @@ def new_examples(stage, kind: str, tokenizer, records: list[dict]) -> list[dict]
         return [encode_pair(tokenizer, p["prompt_text"], p["chosen"], p["rejected"], max_len)
                 for p in rm_pairs(records, stage.a.samples_per_prompt)]
     correct = [r for r in records if r["correct"]]
-    wrong = [r for r in records if not r["correct"]][:PRM_LABEL_BUDGET]
-    rows = [(r, hard_step_labels(stage, r)) for r in correct[:len(wrong) or PRM_LABEL_BUDGET] + wrong]
+    budget = stage.a.prm_label_budget
+    wrong = [r for r in records if not r["correct"]][:budget]
+    rows = [(r, hard_step_labels(stage, r)) for r in correct[:len(wrong) or budget] + wrong]
     out = []
     for r, labels in rows:
         steps, _ = split_steps(r["completion"])
