@@ -337,8 +337,23 @@ class RFTConfig(AlgoConfig):
     """A completion is kept when its reward exceeds this."""
 
 
+@dataclass
+class DPOConfig(AlgoConfig):
+    """Offline DPO on preference pairs against the frozen starting model."""
+    name: str = "dpo"
+    init_from: str = "stage:sft"
+    beta: float = 0.1
+    """Strength of the implicit KL constraint (DPO's beta)."""
+    length_normalize: bool = False
+    """Divide each log-ratio by the response length (DeepSeekMath Eq. 12)."""
+    num_eval_pairs: int = 200
+    """Held-out preference pairs for the implicit-reward accuracy."""
+    eval_every: int = 0
+    """Evaluate held-out pairs every this many steps (0: only at the end)."""
+
+
 ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig, "grpo": RLConfig,
-                                 "online_rft": RLConfig, "rft": RFTConfig}
+                                 "online_rft": RLConfig, "rft": RFTConfig, "dpo": DPOConfig}
 RL_ALGOS = ("grpo", "online_rft")
 CRITIC_ADVANTAGES = ("gae",)  # need value estimates from a critic
 

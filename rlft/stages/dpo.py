@@ -1,0 +1,90 @@
+"""Offline DPO (ALGORITHMS.md §9): preference pairs, a frozen reference, -log sigma(h_w - h_l).
+
+    rlft train algo=dpo run.name=demo                         # built-in pairs, from this run's SFT
+    rlft train algo=dpo data=jsonl data.source=prefs.jsonl    # prompt/chosen/rejected rows
+    rlft train algo=dpo algo.length_normalize=true            # DeepSeekMath Eq. 12 variant
+
+h = beta * (s_policy - s_reference), s summed over response tokens. The reference log-probs of
+every training pair are computed once, before training, by the starting model (the reference),
+which is then dropped: training holds one model.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlft import handoff
+from rlft.algos.preference import dpo_loss
+from rlft.data.encode import collate_padded, pad_to
+from rlft.engine import Engine, dist
+from rlft.models import load_model, load_tokenizer
+from rlft.rollout.logprobs import token_logp
+from rlft.stages import common, inputs
+
+
+def pair_logps(model, examples: list[dict], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor]:
+    """(s_chosen [P], s_rejected [P], len_chosen [P], len_rejected [P]): one forward over both."""
+    seqs = [ex["chosen_ids"] for ex in examples] + [ex["rejected_ids"] for ex in examples]
+    masks = [ex["chosen_mask"] for ex in examples] + [ex["rejected_mask"] for ex in examples]
+    ids, attn = collate_padded(seqs, pad_id)
+    mask = pad_to(masks, 0, dtype=torch.float32)[:, 1:].to(device)
+    logp = token_logp(model, ids.to(device), attn.to(device))
+    s = (logp * mask).sum(-1)
+    lengths = mask.sum(-1)
+    n = len(examples)
+    return s[:n], s[n:], lengths[:n], lengths[n:]
+
+
+@torch.no_grad()
+def add_reference_logps(model, examples: list[dict], pad_id: int, micro: int, device) -> None:
+    """Store the reference's sequence log-probs in each example (each rank its share, then shared)."""
+    info = dist.info()
+    mine = list(range(info.rank, len(examples), info.world_size))
+    model.eval()
+    values: dict[int, tuple[float, float]] = {}
+    for start in range(0, len(mine), micro):
+        idx = mine[start:start + micro]
+        s_w, s_l, _, _ = pair_logps(model, [examples[i] for i in idx], pad_id, device)
+        values.update({i: (w, lose) for i, w, lose in zip(idx, s_w.tolist(), s_l.tolist())})
+    if torch.distributed.is_initialized() and info.world_size > 1:
+        parts = [None] * info.world_size
+        torch.distributed.all_gather_object(parts, values)
+        values = {k: v for part in parts for k, v in part.items()}
+    for i, ex in enumerate(examples):
+        ex["ref_chosen"], ex["ref_rejected"] = values[i]
+
+
+def dpo_step_loss(engine: Engine, examples: list[dict], num_pairs_global: float, pad_id: int, a):
+    s_w, s_l, len_w, len_l = pair_logps(engine, examples, pad_id, engine.device)
+    ref_w = torch.tensor([ex["ref_chosen"] for ex in examples], device=engine.device)
+    ref_l = torch.tensor([ex["ref_rejected"] for ex in examples], device=engine.device)
+    loss, m = dpo_loss(s_w, s_l, ref_w, ref_l, a.beta, a.length_normalize, len_w, len_l)
+    n = float(len(examples))
+    stats = {"loss": (loss.sum().item(), n), "reward_acc": (m["accuracy"].item() * n, n),
+             "margin": (m["margin"].item() * n, n), "chosen_reward": (m["chosen_reward"].item() * n, n),
+             "rejected_reward": (m["rejected_reward"].item() * n, n)}
+    return loss.sum() / num_pairs_global, stats
+
+
+def run(cfg, ctx: common.StageContext) -> dict:
+    from rlft.stages.reward import held_out
+
+    common.prepare_run_dir(ctx)
+    a = cfg.algo
+    parent = handoff.resolve_model_path(cfg)
+    tokenizer = load_tokenizer(cfg.model, parent)
+    pad = tokenizer.pad_token_id
+    common.seed_everything(cfg.seed)
+    train = inputs.pair_examples(cfg, tokenizer, "train")
+    test = inputs.pair_examples(cfg, tokenizer, "test")[:a.num_eval_pairs]
+    model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed).to(ctx.info.device)
+    micro = cfg.train.micro_batch_per_device
+    add_reference_logps(model, train + test, pad, micro, ctx.info.device)
+    model.train()
+    dist.print0(f"dpo: {len(train)} training and {len(test)} held-out pairs; reference log-probs cached")
+    engine = Engine(cfg, model)
+    loss_fn = lambda e, x, d: dpo_step_loss(e, x, d, pad, a)  # noqa: E731
+    evaluate = (lambda: held_out(engine, test, loss_fn, micro)) if test else None
+    summary = common.supervised_loop(ctx, engine, train, len, loss_fn, evaluate, a.eval_every)
+    common.finish(ctx, engine, tokenizer, parent, summary)
+    return summary
