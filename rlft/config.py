@@ -310,6 +310,26 @@ class RLConfig(AlgoConfig):
     """Iterative RL with a PRM: continuations sampled per step prefix for Math-Shepherd labels."""
     prm_label_budget: int = 64
     """Iterative RL with a PRM: incorrect completions labelled step by step per iteration and rank."""
+    kl_in: str = "loss"
+    """Where the KL to the reference goes: loss (GRPO, per token in the loss) | reward (PPO, folded into token rewards)."""
+    adaptive_kl: bool = False
+    """PPO: adapt kl_coef towards kl_target (Ziegler et al. 2019)."""
+    kl_target: float = 6.0
+    """Adaptive KL: target sequence KL."""
+    kl_horizon: int = 10000
+    """Adaptive KL: horizon in samples."""
+    critic_init: str = "stage:rm"
+    """PPO critic: the model its value head starts from (stage:rm, stage:sft, a directory)."""
+    critic_lr: float = 1.0e-4
+    """PPO critic learning rate."""
+    value_clip: float = 0.2
+    """PPO value clipping range around the rollout values."""
+    gamma: float = 1.0
+    """PPO GAE discount."""
+    lam: float = 0.95
+    """PPO GAE lambda."""
+    whiten_advantages: bool = True
+    """PPO: whiten GAE advantages over this rank's rollout."""
     eval_every: int = 0
     """Held-out greedy accuracy every this many optimizer steps (0: only at the end)."""
     eval_problems: int = 200
@@ -353,8 +373,8 @@ class DPOConfig(AlgoConfig):
 
 
 ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig, "grpo": RLConfig,
-                                 "online_rft": RLConfig, "rft": RFTConfig, "dpo": DPOConfig}
-RL_ALGOS = ("grpo", "online_rft")
+                                 "online_rft": RLConfig, "rft": RFTConfig, "dpo": DPOConfig, "ppo": RLConfig}
+RL_ALGOS = ("grpo", "online_rft", "ppo")
 CRITIC_ADVANTAGES = ("gae",)  # need value estimates from a critic
 
 
@@ -507,9 +527,13 @@ def validate_rl(cfg) -> None:
     if a.samples_per_prompt < 2 and a.advantage in ("grpo", "dr_grpo", "grpo_process", "rloo", "reinforce_pp_baseline"):
         raise ConfigError(f"algo.samples_per_prompt={a.samples_per_prompt}: group-relative advantages need "
                           "groups of at least 2 completions")
-    if a.advantage in CRITIC_ADVANTAGES:
+    if (a.advantage in CRITIC_ADVANTAGES) != (a.name == "ppo"):
+        if a.name == "ppo":
+            raise ConfigError(f"algo=ppo trains a critic for GAE; set algo.advantage=gae (got {a.advantage})")
         raise ConfigError(f"algo.advantage={a.advantage} needs a critic, which algo={a.name} does not train; "
-                          f"choose one of: {', '.join(n for n in ADVANTAGES.names() if n not in CRITIC_ADVANTAGES)}")
+                          f"choose one of: {', '.join(n for n in ADVANTAGES.names() if n not in CRITIC_ADVANTAGES)}"
+                          " (or use algo=ppo)")
+    _check_choice("algo.kl_in", a.kl_in, ["loss", "reward"])
     shards = a.minibatches_per_rollout * world
     if a.prompts_per_step % shards:
         raise ConfigError(f"algo.prompts_per_step={a.prompts_per_step} must be divisible by "

@@ -34,6 +34,8 @@ class Rollout:
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     adv: torch.Tensor | None = None
+    values: torch.Tensor | None = None   # [N, L-1] critic values at rollout (PPO)
+    returns: torch.Tensor | None = None  # [N, L-1] critic targets (PPO)
 
     def __len__(self) -> int:
         return len(self.completions)

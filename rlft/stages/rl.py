@@ -22,12 +22,15 @@ import time
 import torch
 
 from rlft import handoff
-from rlft.algos import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, AdvantageConfig,
-                        AdvantageInputs, AggDenominator, PolicyLossConfig, dynamic_sampling_keep_mask,
-                        frac_zero_std_groups, masked_mean)
+from omegaconf import OmegaConf
+
+from rlft.algos import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController,
+                        AdvantageConfig, AdvantageInputs, AggDenominator, PolicyLossConfig,
+                        dynamic_sampling_keep_mask, frac_zero_std_groups)
+from rlft.algos.value import value_loss
 from rlft.data.encode import encode_prompt
 from rlft.engine import Engine, dist
-from rlft.models import load_model, load_tokenizer
+from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import SamplingConfig, generate
@@ -35,9 +38,28 @@ from rlft.rollout.logprobs import batched_token_logp, selective_logp
 from rlft.stages import common, inputs, iterative
 
 
-def advantage_config(a) -> AdvantageConfig:
+def advantage_config(a, kl_coef: float) -> AdvantageConfig:
+    """Estimator options; the KL goes into the reward only when algo.kl_in=reward (PPO)."""
     return AdvantageConfig(eps_adv=a.eps_adv, std_unbiased=a.std_unbiased, scale_by_std=a.scale_by_std,
-                           rft_threshold=a.rft_threshold)
+                           rft_threshold=a.rft_threshold, kl_coef=kl_coef if a.kl_in == "reward" else 0.0,
+                           kl_estimator=a.kl_estimator, gamma=a.gamma, lam=a.lam,
+                           whiten_advantages=a.whiten_advantages)
+
+
+def build_critic(cfg, tokenizer) -> Engine:
+    """PPO's critic: a scalar head on every token, from the RM (or another model), own optimizer."""
+    critic_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    critic_cfg.train.lr = cfg.algo.critic_lr
+    path = handoff.resolve_model_path(cfg, cfg.algo.critic_init)
+    return Engine(critic_cfg, load_model(cfg.model, path, tokenizer, head="rm", seed=cfg.seed))
+
+
+@torch.no_grad()
+def batched_values(critic: Engine, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro: int) -> torch.Tensor:
+    """Critic values [N, L-1] aligned to targets: column p values the state before token p+1."""
+    out = [token_scores(critic.module, ids, attn)[:, :-1]
+           for ids, attn in zip(input_ids.split(micro), attention_mask.split(micro))]
+    return torch.cat(out)
 
 
 class RLStage:
@@ -50,6 +72,10 @@ class RLStage:
         common.seed_everything(cfg.seed)
         self.policy = Engine(cfg, load_model(cfg.model, self.parent, self.tokenizer, seed=cfg.seed))
         self.ref = self.load_reference(self.parent) if self.a.kl_coef > 0 else None
+        self.critic = build_critic(cfg, self.tokenizer) if self.a.advantage == "gae" else None
+        self.kl_coef = float(self.a.kl_coef)
+        self.kl_ctl = AdaptiveKLController(self.kl_coef, self.a.kl_target, self.a.kl_horizon) \
+            if self.a.adaptive_kl else None
         self.rewards = RewardSet(cfg, ctx.info.device)
         self.step_prm = None  # process supervision: the PRM that scores every step
         if self.a.advantage == "grpo_process":
@@ -121,17 +147,31 @@ class RLStage:
         a, micro = self.a, self.cfg.train.micro_batch_per_device
         dev = self.ctx.info.device
         ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
-        reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1
+        reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward"
         if reuse:
             ro.old_logp = batched_token_logp(self.policy, ids, attn, micro, a.temperature)
         if self.ref is not None:
             ro.ref_logp = batched_token_logp(self.ref, ids, attn, micro, a.temperature)
+        if self.critic is not None:
+            ro.values = batched_values(self.critic, ids, attn, micro)
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=a.samples_per_prompt,
-                                step_ends=ro.step_ends, step_scores=ro.step_scores)
-        ro.adv = ADVANTAGES.get(a.advantage)(batch, advantage_config(a)).adv.float()
+                                step_ends=ro.step_ends, step_scores=ro.step_scores, old_logp=ro.old_logp,
+                                ref_logp=ro.ref_logp, values=ro.values)
+        out = ADVANTAGES.get(a.advantage)(batch, advantage_config(a, self.kl_coef))
+        ro.adv, ro.returns = out.adv.float(), out.returns
+
+    def adapt_kl(self, ro: rb.Rollout) -> None:
+        """Adaptive KL (§3): move kl_coef towards the target sequence KL."""
+        if self.kl_ctl is None or ro.ref_logp is None or ro.old_logp is None:
+            return
+        seq_kl = ((ro.old_logp - ro.ref_logp) * ro.mask).sum(-1)
+        total, count = dist.all_reduce_sum([float(seq_kl.sum()), float(len(ro))])
+        self.kl_ctl.update(total / max(count, 1.0), int(count))
+        self.kl_coef = float(self.kl_ctl.value)
 
     def update(self, ro: rb.Rollout, stats: "Sums") -> None:
-        update_policy(self.policy, self.ref, self.a, self.cfg.train.micro_batch_per_device, ro, stats)
+        update_policy(self.policy, self.ref, self.a, self.cfg.train.micro_batch_per_device, ro, stats,
+                      self.critic, self.kl_coef)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -149,7 +189,8 @@ class RLStage:
         return {"eval_greedy_accuracy": correct / max(total, 1.0)}
 
 
-def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Rollout, stats: "Sums") -> None:
+def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Rollout, stats: "Sums",
+                  critic: Engine | None = None, kl_coef: float | None = None) -> None:
     """mu passes over the rollout, `minibatches_per_rollout` optimizer steps each.
 
     Every micro-batch loss is normalised by the counts of its whole minibatch on all ranks,
@@ -179,10 +220,20 @@ def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Roll
                 tokens = mask.sum().item()
                 if ref is not None:
                     kl = kl_fn(logp, ro.ref_logp[sl, :width - 1].to(dev))
-                    loss_tok = loss_tok + a.kl_coef * kl
+                    if a.kl_in == "loss":
+                        loss_tok = loss_tok + (a.kl_coef if kl_coef is None else kl_coef) * kl
                     stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
                 policy.backward(aggregate(loss_tok, mask, denom))
                 policy.step()
+                if critic is not None:
+                    values = token_scores(critic.module, ids, attn)[:, :-1]
+                    vloss, vm = value_loss(values, ro.values[sl, :width - 1].to(dev),
+                                           ro.returns[sl, :width - 1].to(dev), mask, a.value_clip, denom)
+                    critic.backward(vloss)
+                    critic.step()
+                    stats.add("value_loss", vloss.item() * denom.num_tokens, tokens)
+                    stats.add("vf_explained_var", vm["vf_explained_var"].item() * tokens, tokens)
+                    stats.add("vf_clipfrac", vm["vf_clipfrac"].item() * tokens, tokens)
                 stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
                 stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens)
 
@@ -256,7 +307,8 @@ def rollout_metrics(ro: rb.Rollout, stats: Sums, G: int) -> None:
     lengths = [len(c) for c in ro.completion_ids]
     stats.add("response_len", sum(lengths), n)
     stats.add("truncated_frac", float(ro.truncated.sum()), n)
-    stats.add("frac_zero_std", float(frac_zero_std_groups(ro.scores, G)) * (n / G), n / G)
+    if G > 1:
+        stats.add("frac_zero_std", float(frac_zero_std_groups(ro.scores, G)) * (n / G), n / G)
 
 
 def run(cfg, ctx: common.StageContext) -> dict:
@@ -284,6 +336,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
         times["prepare"] += time.time() - tic
         tic = time.time()
         stage.update(ro, stats)
+        stage.adapt_kl(ro)
         times["update"] += time.time() - tic
         rollout_metrics(ro, stats, a.samples_per_prompt)
         if a.iterations > 1:
@@ -295,7 +348,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
             summary["reward_std"] = max(summary.pop("reward_sq") - summary["reward"] ** 2, 0.0) ** 0.5
             n_roll = max(1, t.log_every // steps_per_rollout)
             summary.update({f"time_{k}_s": v / n_roll for k, v in times.items()}, lr=stage.policy.lr(),
-                           iteration=iteration)
+                           iteration=iteration, kl_coef=stage.kl_coef)
             if a.eval_every and done % a.eval_every == 0 and done != t.max_steps:
                 summary.update(stage.greedy_accuracy())
             tracker.log(done, summary)
@@ -307,5 +360,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     tracker.log(t.max_steps, final_eval)
     summary.update(final_eval)
     tracker.close()
+    if stage.critic is not None:
+        stage.critic.export_hf(ctx.run_dir / "critic", stage.tokenizer)
     common.finish(ctx, stage.policy, stage.tokenizer, stage.parent, summary)
     return summary

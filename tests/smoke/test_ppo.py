@@ -1,0 +1,38 @@
+"""PPO end to end on the tiny model: a critic from the RM, KL in the reward, GAE; the value loss
+falls over training, the policy changes, and the critic is exported next to the policy."""
+import math
+
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from conftest import assert_finite, check_ok, load_safetensors, read_manifest, stage_dir, train_records
+from rl_helpers import RL_SMALL, USER_REWARD, changed_tensors, make_parents, rl_cli
+
+
+def test_ppo_value_loss_falls_and_policy_moves(tmp_path):
+    make_parents(tmp_path, "p", ("sft", "rm"))
+    proc = rl_cli(tmp_path, "train", "algo=ppo", "run.name=p", "train.max_steps=16", *RL_SMALL,
+                  "algo.samples_per_prompt=1", "algo.prompts_per_step=8", "algo.updates_per_rollout=2",
+                  "algo.minibatches_per_rollout=2", "train.micro_batch_per_device=4", "algo.critic_lr=1e-3",
+                  f"reward.functions=[{USER_REWARD}:alternate]")
+    check_ok(proc)
+    out = stage_dir(tmp_path, "p", "ppo")
+    records = [r for r in train_records(out / "metrics.jsonl", "value_loss")]
+    losses = [r["value_loss"] for r in records]
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses), losses
+    assert losses[-1] < losses[0], losses  # the critic fits the returns
+    assert_finite([r["kl_coef"] for r in records])
+    assert read_manifest(out)["stage"] == "ppo"
+    sft = load_safetensors(stage_dir(tmp_path, "p", "sft") / "final" / "model.safetensors")
+    ppo = load_safetensors(out / "final" / "model.safetensors")
+    assert changed_tensors(sft, ppo, atol=1e-7)
+    AutoModelForCausalLM.from_pretrained(out / "final")
+    critic = AutoModelForSequenceClassification.from_pretrained(out / "critic", num_labels=1)
+    assert critic.score.weight.shape[0] == 1
+
+
+def test_ppo_requires_gae(tmp_path):
+    proc = rl_cli(tmp_path, "train", "algo=ppo", "run.name=p", "algo.advantage=grpo", "algo.samples_per_prompt=2",
+                  timeout=120)
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and "algo.advantage=gae" in lines[0], proc.stderr
