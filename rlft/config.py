@@ -330,6 +330,14 @@ class RLConfig(AlgoConfig):
     """PPO GAE lambda."""
     whiten_advantages: bool = True
     """PPO: whiten GAE advantages over this rank's rollout."""
+    pairwise: bool = False
+    """P3O: pairwise trajectory-level update on disjoint pairs of completions of one prompt."""
+    p3o_clip_mode: str = "joint"
+    """P3O clipping: joint (V2) | separate (V1) | separate_tokenwise."""
+    p3o_c: float = 10.0
+    """P3O: importance weights clipped to [1/c, c]."""
+    p3o_kl_at: str = "old"
+    """P3O: sequence KL in the reward difference from the rollout policy (old) or the current one (current)."""
     eval_every: int = 0
     """Held-out greedy accuracy every this many optimizer steps (0: only at the end)."""
     eval_problems: int = 200
@@ -373,8 +381,9 @@ class DPOConfig(AlgoConfig):
 
 
 ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig, "grpo": RLConfig,
-                                 "online_rft": RLConfig, "rft": RFTConfig, "dpo": DPOConfig, "ppo": RLConfig}
-RL_ALGOS = ("grpo", "online_rft", "ppo")
+                                 "online_rft": RLConfig, "rft": RFTConfig, "dpo": DPOConfig, "ppo": RLConfig,
+                                 "p3o": RLConfig}
+RL_ALGOS = ("grpo", "online_rft", "ppo", "p3o")
 CRITIC_ADVANTAGES = ("gae",)  # need value estimates from a critic
 
 
@@ -534,6 +543,15 @@ def validate_rl(cfg) -> None:
                           f"choose one of: {', '.join(n for n in ADVANTAGES.names() if n not in CRITIC_ADVANTAGES)}"
                           " (or use algo=ppo)")
     _check_choice("algo.kl_in", a.kl_in, ["loss", "reward"])
+    if a.pairwise:
+        from rlft.algos import P3O_LOSSES
+
+        _check_choice("algo.p3o_clip_mode", a.p3o_clip_mode, P3O_LOSSES.names())
+        _check_choice("algo.p3o_kl_at", a.p3o_kl_at, ["old", "current"])
+        if a.samples_per_prompt % 2 or cfg.train.micro_batch_per_device % 2:
+            raise ConfigError(f"P3O pairs completions of one prompt: algo.samples_per_prompt="
+                              f"{a.samples_per_prompt} and train.micro_batch_per_device="
+                              f"{cfg.train.micro_batch_per_device} must both be even")
     shards = a.minibatches_per_rollout * world
     if a.prompts_per_step % shards:
         raise ConfigError(f"algo.prompts_per_step={a.prompts_per_step} must be divisible by "

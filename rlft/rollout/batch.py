@@ -36,6 +36,9 @@ class Rollout:
     adv: torch.Tensor | None = None
     values: torch.Tensor | None = None   # [N, L-1] critic values at rollout (PPO)
     returns: torch.Tensor | None = None  # [N, L-1] critic targets (PPO)
+    delta: torch.Tensor | None = None    # [N/2] P3O reward difference of each pair
+    pair_scores: torch.Tensor | None = None  # [N/2, 2] P3O
+    pair_s_ref: torch.Tensor | None = None   # [N/2, 2] P3O reference sequence log-probs
 
     def __len__(self) -> int:
         return len(self.completions)

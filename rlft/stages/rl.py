@@ -24,9 +24,10 @@ import torch
 from rlft import handoff
 from omegaconf import OmegaConf
 
-from rlft.algos import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController,
-                        AdvantageConfig, AdvantageInputs, AggDenominator, PolicyLossConfig,
-                        dynamic_sampling_keep_mask, frac_zero_std_groups)
+from rlft.algos import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, P3O_LOSSES, POLICY_LOSSES, AdaptiveKLController,
+                        AdvantageConfig, AdvantageInputs, AggDenominator, P3OConfig, PolicyLossConfig,
+                        dynamic_sampling_keep_mask, frac_zero_std_groups, sequence_logp)
+from rlft.algos.policy_losses import p3o_aggregate, p3o_pair_indices, p3o_reward_delta
 from rlft.algos.value import value_loss
 from rlft.data.encode import encode_prompt
 from rlft.engine import Engine, dist
@@ -147,7 +148,7 @@ class RLStage:
         a, micro = self.a, self.cfg.train.micro_batch_per_device
         dev = self.ctx.info.device
         ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
-        reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward"
+        reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward" or a.pairwise
         if reuse:
             ro.old_logp = batched_token_logp(self.policy, ids, attn, micro, a.temperature)
         if self.ref is not None:
@@ -157,6 +158,9 @@ class RLStage:
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=a.samples_per_prompt,
                                 step_ends=ro.step_ends, step_scores=ro.step_scores, old_logp=ro.old_logp,
                                 ref_logp=ro.ref_logp, values=ro.values)
+        if a.pairwise:
+            pair_inputs(ro, a.samples_per_prompt, self.kl_coef)
+            return
         out = ADVANTAGES.get(a.advantage)(batch, advantage_config(a, self.kl_coef))
         ro.adv, ro.returns = out.adv.float(), out.returns
 
@@ -170,8 +174,11 @@ class RLStage:
         self.kl_coef = float(self.kl_ctl.value)
 
     def update(self, ro: rb.Rollout, stats: "Sums") -> None:
-        update_policy(self.policy, self.ref, self.a, self.cfg.train.micro_batch_per_device, ro, stats,
-                      self.critic, self.kl_coef)
+        if self.a.pairwise:
+            update_pairwise(self.policy, self.a, self.cfg.train.micro_batch_per_device, ro, stats, self.kl_coef)
+        else:
+            update_policy(self.policy, self.ref, self.a, self.cfg.train.micro_batch_per_device, ro, stats,
+                          self.critic, self.kl_coef)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -247,6 +254,60 @@ def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int)
     per_rank = per_mb // world
     return [i for k in range(minibatches)
             for i in indices[k * per_mb + rank * per_rank:k * per_mb + (rank + 1) * per_rank]]
+
+
+def pair_inputs(ro: rb.Rollout, group_size: int, kl_coef: float) -> None:
+    """P3O (§10): disjoint pairs within each group and their KL-regularised reward difference."""
+    idx1, idx2 = p3o_pair_indices(len(ro), group_size)
+    s_old = sequence_logp(ro.old_logp, ro.mask)
+    s_ref = sequence_logp(ro.ref_logp, ro.mask) if ro.ref_logp is not None else s_old
+    # float64, so that a per-prompt reward shift cancels exactly rather than to fp32 rounding
+    ro.pair_scores = torch.stack([ro.scores[idx1], ro.scores[idx2]], -1).double()
+    ro.pair_s_ref = torch.stack([s_ref[idx1], s_ref[idx2]], -1).double()
+    s_old2 = torch.stack([s_old[idx1], s_old[idx2]], -1).double()
+    ro.delta = p3o_reward_delta(ro.pair_scores, s_old2, ro.pair_s_ref, kl_coef).float()
+
+
+def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums", kl_coef: float) -> None:
+    """P3O: the pairwise clipped loss of §10 per pair (rows 2j, 2j+1), mean over the step's pairs."""
+    dev = policy.device
+    cfg = P3OConfig(clip_mode=a.p3o_clip_mode, eps=a.clip_eps_low, c=a.p3o_c, kl_coef=kl_coef, kl_at=a.p3o_kl_at)
+    loss_fn = P3O_LOSSES.get(a.p3o_clip_mode)
+    n = len(ro)
+    per_mb = n // a.minibatches_per_rollout
+    for _ in range(a.updates_per_rollout):
+        for start in range(0, n, per_mb):
+            m = ro.mask[start:start + per_mb]
+            pairs, tokens = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum())])
+            denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(a.max_new_tokens))
+            for r in range(start, start + per_mb, micro):
+                sl, pl = slice(r, r + micro), slice(r // 2, (r + micro) // 2)
+                width = int(ro.attention_mask[sl].sum(-1).max())
+                ids, attn = ro.input_ids[sl, :width].to(dev), ro.attention_mask[sl, :width].to(dev)
+                mask, old = ro.mask[sl, :width - 1].to(dev), ro.old_logp[sl, :width - 1].to(dev)
+                logits = policy(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                if a.temperature != 1.0:
+                    logits = logits / a.temperature
+                logp = selective_logp(logits, ids[:, 1:])
+                delta = ro.delta[pl].to(dev)
+                if a.p3o_kl_at == "current":
+                    s_now = sequence_logp(logp.detach(), mask)
+                    s_now2 = torch.stack([s_now[0::2], s_now[1::2]], -1).double()
+                    delta = p3o_reward_delta(ro.pair_scores[pl].to(dev), s_now2, ro.pair_s_ref[pl].to(dev),
+                                             kl_coef).float()
+                loss, metrics = loss_fn(logp[0::2], old[0::2], mask[0::2], logp[1::2], old[1::2], mask[1::2],
+                                        delta, cfg)
+                policy.backward(p3o_aggregate(loss, cfg, denom))
+                policy.step()
+                n_pairs = float(delta.numel())
+                stats.add("clipfrac", metrics["clipfrac"].item() * n_pairs, n_pairs)
+                stats.add("is_weight", metrics["is_weight_mean"].item() * n_pairs, n_pairs)
+                stats.add("delta_abs", float(delta.abs().sum()), n_pairs)
+                tokens_here = mask.sum().item()
+                stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens_here)
+                if ro.ref_logp is not None:
+                    kl = ro.old_logp[sl, :width - 1].to(dev) - ro.ref_logp[sl, :width - 1].to(dev)
+                    stats.add("kl", masked_sum_f(kl, mask), tokens_here)
 
 
 class Sums:

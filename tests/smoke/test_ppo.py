@@ -36,3 +36,19 @@ def test_ppo_requires_gae(tmp_path):
                   timeout=120)
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert proc.returncode != 0 and len(lines) == 1 and "algo.advantage=gae" in lines[0], proc.stderr
+
+
+def test_p3o_both_clip_modes_run(tmp_path):
+    make_parents(tmp_path, "q", ("sft",))
+    sft = load_safetensors(stage_dir(tmp_path, "q", "sft") / "final" / "model.safetensors")
+    for mode in ("joint", "separate"):
+        proc = rl_cli(tmp_path, "train", "algo=p3o", "run.name=q", f"run.dir=runs/q/p3o_{mode}", "train.max_steps=4",
+                      *RL_SMALL, "algo.samples_per_prompt=2", "algo.prompts_per_step=4",
+                      "train.micro_batch_per_device=4", f"algo.p3o_clip_mode={mode}",
+                      f"reward.functions=[{USER_REWARD}:alternate]")
+        check_ok(proc)
+        out = tmp_path / "runs" / "q" / f"p3o_{mode}"
+        records = train_records(out / "metrics.jsonl", "delta_abs")
+        assert records and all(r["delta_abs"] > 0.5 for r in records)  # alternate rewards: |delta| ~ 1
+        assert_finite([r["is_weight"] for r in records])
+        assert changed_tensors(sft, load_safetensors(out / "final" / "model.safetensors"), atol=1e-7)
