@@ -331,7 +331,12 @@ class RLConfig(AlgoConfig):
     whiten_advantages: bool = True
     """PPO: whiten GAE advantages over this rank's rollout."""
     pairwise: bool = False
-    """P3O: pairwise trajectory-level update on disjoint pairs of completions of one prompt."""
+    """Pairwise update on disjoint pairs of completions of one prompt (P3O, online DPO)."""
+    pairwise_loss: str = "p3o"
+    """Pairwise loss: p3o (clipped pairwise policy gradient) | dpo (online DPO: the higher-reward completion
+    is chosen, ties dropped; kl_coef is DPO's beta)."""
+    dpo_length_normalize: bool = False
+    """Online DPO: length-normalised log-ratios (DeepSeekMath Eq. 12)."""
     p3o_clip_mode: str = "joint"
     """P3O clipping: joint (V2) | separate (V1) | separate_tokenwise."""
     p3o_c: float = 10.0
@@ -382,8 +387,8 @@ class DPOConfig(AlgoConfig):
 
 ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig, "grpo": RLConfig,
                                  "online_rft": RLConfig, "rft": RFTConfig, "dpo": DPOConfig, "ppo": RLConfig,
-                                 "p3o": RLConfig}
-RL_ALGOS = ("grpo", "online_rft", "ppo", "p3o")
+                                 "p3o": RLConfig, "online_dpo": RLConfig}
+RL_ALGOS = ("grpo", "online_rft", "ppo", "p3o", "online_dpo")
 CRITIC_ADVANTAGES = ("gae",)  # need value estimates from a critic
 
 
@@ -546,6 +551,9 @@ def validate_rl(cfg) -> None:
     if a.pairwise:
         from rlft.algos import P3O_LOSSES
 
+        _check_choice("algo.pairwise_loss", a.pairwise_loss, ["p3o", "dpo"])
+        if a.pairwise_loss == "dpo" and a.kl_coef <= 0:
+            raise ConfigError("online DPO needs a reference: algo.kl_coef (DPO's beta) must be > 0")
         _check_choice("algo.p3o_clip_mode", a.p3o_clip_mode, P3O_LOSSES.names())
         _check_choice("algo.p3o_kl_at", a.p3o_kl_at, ["old", "current"])
         if a.samples_per_prompt % 2 or cfg.train.micro_batch_per_device % 2:

@@ -28,6 +28,7 @@ from rlft.algos import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, P3O_LOSSES, POL
                         AdvantageConfig, AdvantageInputs, AggDenominator, P3OConfig, PolicyLossConfig,
                         dynamic_sampling_keep_mask, frac_zero_std_groups, sequence_logp)
 from rlft.algos.policy_losses import p3o_aggregate, p3o_pair_indices, p3o_reward_delta
+from rlft.algos.preference import dpo_loss
 from rlft.algos.value import value_loss
 from rlft.data.encode import encode_prompt
 from rlft.engine import Engine, dist
@@ -268,8 +269,24 @@ def pair_inputs(ro: rb.Rollout, group_size: int, kl_coef: float) -> None:
     ro.delta = p3o_reward_delta(ro.pair_scores, s_old2, ro.pair_s_ref, kl_coef).float()
 
 
+def online_dpo_pairs(logp: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor, score_diff: torch.Tensor,
+                     beta: float, length_normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online DPO (§9): per pair (rows 2j, 2j+1) the higher-reward completion is chosen; ties
+    give no loss. Returns (per-pair loss [P], kept [P] 0/1)."""
+    s = sequence_logp(logp, mask)
+    s_ref = sequence_logp(ref_logp, mask)
+    lengths = mask.sum(-1)
+    first = score_diff > 0
+    kept = (score_diff != 0).to(logp.dtype)
+    pick = lambda x, w: torch.where(first, x[0::2], x[1::2]) if w else torch.where(first, x[1::2], x[0::2])  # noqa
+    loss, _ = dpo_loss(pick(s, True), pick(s, False), pick(s_ref, True), pick(s_ref, False), beta,
+                       length_normalize, pick(lengths, True), pick(lengths, False))
+    return loss * kept, kept
+
+
 def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums", kl_coef: float) -> None:
-    """P3O: the pairwise clipped loss of §10 per pair (rows 2j, 2j+1), mean over the step's pairs."""
+    """Pairwise updates on rows (2j, 2j+1): P3O's clipped loss of §10, or online DPO;
+    the mean over the optimizer step's pairs (DPO: its untied pairs)."""
     dev = policy.device
     cfg = P3OConfig(clip_mode=a.p3o_clip_mode, eps=a.clip_eps_low, c=a.p3o_c, kl_coef=kl_coef, kl_at=a.p3o_kl_at)
     loss_fn = P3O_LOSSES.get(a.p3o_clip_mode)
@@ -278,7 +295,8 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
     for _ in range(a.updates_per_rollout):
         for start in range(0, n, per_mb):
             m = ro.mask[start:start + per_mb]
-            pairs, tokens = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum())])
+            untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
+            pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
             denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(a.max_new_tokens))
             for r in range(start, start + per_mb, micro):
                 sl, pl = slice(r, r + micro), slice(r // 2, (r + micro) // 2)
@@ -289,6 +307,15 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
                 if a.temperature != 1.0:
                     logits = logits / a.temperature
                 logp = selective_logp(logits, ids[:, 1:])
+                if a.pairwise_loss == "dpo":
+                    diff = (ro.pair_scores[pl, 0] - ro.pair_scores[pl, 1]).to(dev)
+                    loss, kept = online_dpo_pairs(logp, mask, ro.ref_logp[sl, :width - 1].to(dev), diff, kl_coef,
+                                                  a.dpo_length_normalize)
+                    policy.backward(loss.sum() / max(untied, 1.0))
+                    policy.step()
+                    stats.add("dpo_loss", float(loss.sum()), float(kept.sum()))
+                    stats.add("pairs_kept", float(kept.sum()), float(kept.numel()))
+                    continue
                 delta = ro.delta[pl].to(dev)
                 if a.p3o_kl_at == "current":
                     s_now = sequence_logp(logp.detach(), mask)

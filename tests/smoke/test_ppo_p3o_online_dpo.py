@@ -52,3 +52,20 @@ def test_p3o_both_clip_modes_run(tmp_path):
         assert records and all(r["delta_abs"] > 0.5 for r in records)  # alternate rewards: |delta| ~ 1
         assert_finite([r["is_weight"] for r in records])
         assert changed_tensors(sft, load_safetensors(out / "final" / "model.safetensors"), atol=1e-7)
+
+
+def test_online_dpo_keeps_untied_pairs(tmp_path):
+    make_parents(tmp_path, "o", ("sft",))
+    proc = rl_cli(tmp_path, "train", "algo=online_dpo", "run.name=o", "train.max_steps=2", *RL_SMALL,
+                  "algo.samples_per_prompt=2", "algo.prompts_per_step=4", "train.micro_batch_per_device=4",
+                  f"reward.functions=[{USER_REWARD}:alternate]")
+    check_ok(proc)
+    records = train_records(stage_dir(tmp_path, "o", "online_dpo") / "metrics.jsonl", "dpo_loss")
+    assert records[0]["pairs_kept"] == 1.0  # alternate rewards: no ties
+    assert abs(records[0]["dpo_loss"] - math.log(2)) < 1e-4  # policy == reference at the first step
+    tied = rl_cli(tmp_path, "train", "algo=online_dpo", "run.name=o", "run.dir=runs/o/tied", "train.max_steps=2",
+                  *RL_SMALL, "algo.samples_per_prompt=2", "algo.prompts_per_step=4", "train.micro_batch_per_device=4",
+                  f"reward.functions=[{USER_REWARD}:always_one]")
+    check_ok(tied)
+    records = train_records(tmp_path / "runs" / "o" / "tied" / "metrics.jsonl", "pairs_kept")
+    assert all(r["pairs_kept"] == 0.0 for r in records)  # every pair tied: dropped
