@@ -21,10 +21,12 @@ evaluate() {
 train sft algo=sft
 train rm algo=rm
 train prm algo=prm
+# GRPO with the preset's 300 steps; the variants with VARIANT_STEPS (default 100) to fit a CPU budget
+VARIANT_STEPS=${VARIANT_STEPS:-100}
 train grpo algo=grpo
-train grpo_process algo=grpo algo.advantage=grpo_process
-train grpo_iterative algo=grpo algo.advantage=grpo_process algo.iterations=2
-train online_rft algo=online_rft
-train rft algo=rft
+train grpo_process algo=grpo algo.advantage=grpo_process train.max_steps="$VARIANT_STEPS"
+train grpo_iterative algo=grpo algo.advantage=grpo_process algo.iterations=2 train.max_steps="$VARIANT_STEPS"
+train online_rft algo=online_rft train.max_steps="$VARIANT_STEPS"
+train rft algo=rft train.max_steps="$VARIANT_STEPS"
 for stage in sft grpo grpo_process grpo_iterative online_rft rft; do evaluate $stage; done
 python3 "$(dirname "$0")/eval_table.py" "$ROOT" sft grpo grpo_process grpo_iterative online_rft rft
