@@ -59,6 +59,15 @@ def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
 
 
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The single stderr line of a failed command (no traceback)."""
+    assert proc.returncode != 0, explain(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, explain(proc)
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
 def check_ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, explain(proc)
     return proc

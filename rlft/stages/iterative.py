@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 
-import torch
 from omegaconf import OmegaConf
 
 from rlft.data.encode import encode_pair, encode_prompt, encode_steps

@@ -2,10 +2,9 @@
 falls over training, the policy changes, and the critic is exported next to the policy."""
 import math
 
-import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from conftest import assert_finite, check_ok, load_safetensors, read_manifest, stage_dir, train_records
+from conftest import assert_finite, check_ok, one_line_error, load_safetensors, read_manifest, stage_dir, train_records
 from rl_helpers import RL_SMALL, USER_REWARD, changed_tensors, make_parents, rl_cli
 
 
@@ -34,8 +33,7 @@ def test_ppo_value_loss_falls_and_policy_moves(tmp_path):
 def test_ppo_requires_gae(tmp_path):
     proc = rl_cli(tmp_path, "train", "algo=ppo", "run.name=p", "algo.advantage=grpo", "algo.samples_per_prompt=2",
                   timeout=120)
-    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    assert proc.returncode != 0 and len(lines) == 1 and "algo.advantage=gae" in lines[0], proc.stderr
+    assert "algo.advantage=gae" in one_line_error(proc)
 
 
 def test_p3o_both_clip_modes_run(tmp_path):

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from conftest import TINY, assert_finite, explain, load_safetensors, read_manifest, read_metrics, run_cli, stage_dir
+from conftest import TINY, assert_finite, explain, load_safetensors, one_line_error, read_manifest, read_metrics, run_cli, stage_dir
 from rl_helpers import RL_SMALL, USER_REWARD, changed_tensors, make_parents, rl_cli
 
 RUN = "rl"
@@ -214,14 +214,6 @@ def test_offline_rft_keeps_samples_of_a_user_reward(work):
 
 
 # ----------------------------------------------------------------------------- config errors
-def one_line_error(proc) -> str:
-    assert proc.returncode != 0, explain(proc)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, explain(proc)
-    assert "Traceback" not in proc.stderr
-    return lines[0]
-
-
 def test_group_of_one_is_rejected(tmp_path):
     line = one_line_error(run_cli(tmp_path, "train", "algo=grpo", "algo.samples_per_prompt=1", *TINY, timeout=120))
     assert "algo.samples_per_prompt=1" in line and "at least 2" in line

@@ -9,19 +9,10 @@ import json
 import sys
 import time
 
-import pytest
 
-from conftest import TINY, TINY_MODEL, explain, run_cli, stage_dir
+from conftest import TINY, TINY_MODEL, explain, one_line_error, run_cli, stage_dir
 
 QUICK_S = 10  # generous: the override checks take ~1 s here, but other jobs share the CPUs
-
-
-def one_line_error(proc) -> str:
-    assert proc.returncode != 0, explain(proc)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, explain(proc)
-    assert "Traceback" not in proc.stderr
-    return lines[0]
 
 
 def timed(tmp_path, *args):
