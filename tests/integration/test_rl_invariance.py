@@ -140,7 +140,8 @@ for case in cases:
         policy = Engine(cfg, model)
         ref = Engine(cfg, ref_model, trainable=False)
         ro = rank_rollout(info.rank, cfg.algo.minibatches_per_rollout)
-        fake_stage = SimpleNamespace(a=cfg.algo, cfg=cfg, ctx=SimpleNamespace(info=info), policy=policy, ref=ref)
+        fake_stage = SimpleNamespace(a=cfg.algo, cfg=cfg, ctx=SimpleNamespace(info=info), policy=policy, ref=ref,
+                                     critic=None, kl_coef=cfg.algo.kl_coef)
         rl.RLStage.prepare(fake_stage, ro)
         assert ro.ref_logp is not None
         reuse = case.get("mu", 1) > 1 or case.get("minibatches", 1) > 1
