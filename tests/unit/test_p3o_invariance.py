@@ -56,7 +56,7 @@ def rollout(tok, model, scores):
 
 
 def algo(**over):
-    base = dict(p3o_clip_mode="joint", clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=None, p3o_c=10.0,
+    base = dict(pairwise_loss="p3o", dpo_length_normalize=False, p3o_clip_mode="joint", clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=None, p3o_c=10.0,
                 p3o_kl_at="old", updates_per_rollout=1, minibatches_per_rollout=1, max_new_tokens=16,
                 temperature=1.0, policy_loss="ppo_clip", loss_agg="token-mean", kl_estimator="k1", kl_in="reward",
                 kl_coef=0.1, eps_adv=1e-4, std_unbiased=True, scale_by_std=True, rft_threshold=0.5, gamma=1.0,
