@@ -197,6 +197,19 @@ class RLStage:
         return {"eval_greedy_accuracy": correct / max(total, 1.0)}
 
 
+def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float):
+    """One micro-batch of the rollout, trimmed to its longest row, through the policy (with grad):
+    (ids, attention mask, response mask, logits, per-token log-probs)."""
+    dev = policy.device
+    width = int(ro.attention_mask[sl].sum(-1).max())
+    ids, attn = ro.input_ids[sl, :width].to(dev), ro.attention_mask[sl, :width].to(dev)
+    mask = ro.mask[sl, :width - 1].to(dev)
+    logits = policy(input_ids=ids, attention_mask=attn).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits / temperature
+    return ids, attn, mask, logits, selective_logp(logits, ids[:, 1:])
+
+
 def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Rollout, stats: "Sums",
                   critic: Engine | None = None, kl_coef: float | None = None) -> None:
     """mu passes over the rollout, `minibatches_per_rollout` optimizer steps each.
@@ -215,14 +228,8 @@ def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Roll
             denom = global_denominator(ro.mask[start:start + per_mb], a.max_new_tokens)
             for m in range(start, start + per_mb, micro):
                 sl = slice(m, m + micro)
-                width = int(ro.attention_mask[sl].sum(-1).max())
-                ids = ro.input_ids[sl, :width].to(dev)
-                attn = ro.attention_mask[sl, :width].to(dev)
-                mask = ro.mask[sl, :width - 1].to(dev)
-                logits = policy(input_ids=ids, attention_mask=attn).logits[:, :-1]
-                if a.temperature != 1.0:
-                    logits = logits / a.temperature
-                logp = selective_logp(logits, ids[:, 1:])
+                ids, attn, mask, logits, logp = micro_forward(policy, ro, sl, a.temperature)
+                width = ids.shape[1]
                 old = ro.old_logp[sl, :width - 1].to(dev) if ro.old_logp is not None else None
                 loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, :width - 1].to(dev), mask, pl_cfg)
                 tokens = mask.sum().item()
@@ -300,13 +307,9 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
             denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(a.max_new_tokens))
             for r in range(start, start + per_mb, micro):
                 sl, pl = slice(r, r + micro), slice(r // 2, (r + micro) // 2)
-                width = int(ro.attention_mask[sl].sum(-1).max())
-                ids, attn = ro.input_ids[sl, :width].to(dev), ro.attention_mask[sl, :width].to(dev)
-                mask, old = ro.mask[sl, :width - 1].to(dev), ro.old_logp[sl, :width - 1].to(dev)
-                logits = policy(input_ids=ids, attention_mask=attn).logits[:, :-1]
-                if a.temperature != 1.0:
-                    logits = logits / a.temperature
-                logp = selective_logp(logits, ids[:, 1:])
+                ids, attn, mask, logits, logp = micro_forward(policy, ro, sl, a.temperature)
+                width = ids.shape[1]
+                old = ro.old_logp[sl, :width - 1].to(dev)
                 if a.pairwise_loss == "dpo":
                     diff = (ro.pair_scores[pl, 0] - ro.pair_scores[pl, 1]).to(dev)
                     loss, kept = online_dpo_pairs(logp, mask, ro.ref_logp[sl, :width - 1].to(dev), diff, kl_coef,
