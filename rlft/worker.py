@@ -16,7 +16,9 @@ def run_stage(cfg) -> dict:
 
     info = dist.init(cfg.engine)
     ctx = StageContext(cfg=cfg, info=info, run_dir=Path(cfg.run.dir))
-    return STAGES.get(cfg.algo.name)(cfg, ctx)
+    result = STAGES.get(cfg.algo.name)(cfg, ctx)
+    dist.shutdown()
+    return result
 
 
 def main(argv: list[str]) -> None:

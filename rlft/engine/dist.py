@@ -72,6 +72,19 @@ def init(engine_cfg) -> DistInfo:
     return _INFO
 
 
+def shutdown() -> None:
+    """Leave the process group once every rank is done.
+
+    Exiting with the group still alive lets the interpreter tear down the communication threads
+    of one rank while a peer still talks to it, which can abort a finished run at exit.
+    """
+    global _INFO
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    _INFO = None
+
+
 def info() -> DistInfo:
     if _INFO is None:
         raise RuntimeError("rlft.engine.dist.init() has not been called")
