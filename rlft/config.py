@@ -208,6 +208,17 @@ class EvalConfig:
     """Sequences generated together."""
     seed: int = 0
     """Sampling seed."""
+    policy_samples: int = 4
+    """Samples per problem at temperature 1 (the policy's own distribution) for the reward, the RM score
+    and the KL to the reference (0: skip those metrics)."""
+    reference: str = "auto"
+    """Model the KL is measured against (stage:sft, a directory); auto: this run's SFT output when it exists
+    and is not the evaluated model; none: no KL."""
+    rm: str = "auto"
+    """Reward model that scores the policy samples (stage:rm, a directory); auto: this run's RM when it exists;
+    none: no RM score."""
+    models: list = field(default_factory=list)
+    """Several checkpoints to evaluate in one call (stage:<algo> or directories); empty: model.path."""
 
 
 # ----------------------------------------------------------------------------- algorithms
@@ -294,6 +305,9 @@ class RLConfig(AlgoConfig):
     """mu: passes over each rollout batch (GRPO Algorithm 1)."""
     minibatches_per_rollout: int = 1
     """Optimizer steps per pass over a rollout batch."""
+    shuffle_minibatches: bool = False
+    """Reshuffle this rank's prompts (whole groups) before each pass, so the minibatches differ from
+    pass to pass (PPO's default; off keeps each minibatch's prompts independent of the rank count)."""
     dynamic_sampling: bool = False
     """DAPO: replace groups whose rewards are all equal with fresh prompts."""
     max_sampling_rounds: int = 3
@@ -329,7 +343,7 @@ class RLConfig(AlgoConfig):
     lam: float = 0.95
     """PPO GAE lambda."""
     whiten_advantages: bool = True
-    """PPO: whiten GAE advantages over this rank's rollout."""
+    """PPO: whiten GAE advantages over the whole rollout (every rank's share)."""
     pairwise: bool = False
     """Pairwise update on disjoint pairs of completions of one prompt (P3O, online DPO)."""
     pairwise_loss: str = "p3o"

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from rlft.algos.kl import KL_ESTIMATORS
-from rlft.algos.masked import masked_mean, masked_sum, masked_var, whiten, zero_masked
+from rlft.algos.masked import Reduce, masked_moments, masked_sum, whiten, zero_masked
 from rlft.algos.value import gae as gae_recursion
 from rlft.algos.value import score_at_last_token
 from rlft.registry import Registry
@@ -68,6 +68,7 @@ class AdvantageConfig:
     whiten_unbiased: bool = True  # gae: unbiased variance for whitening
     whiten_rewards: bool = False  # gae: whiten token rewards with shift_mean=False
     rft_threshold: float = 0.0  # rft: a response is correct when score > threshold
+    reduce: Reduce | None = None  # whitening statistics over every rank's rollout (None: this batch)
 
 
 class AdvantageOutput(NamedTuple):
@@ -256,10 +257,10 @@ def rloo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     return AdvantageOutput(_broadcast(a, batch.mask), None)
 
 
-def _global_normalize(x: Tensor, mask: Tensor) -> Tensor:
+def _global_normalize(x: Tensor, mask: Tensor, reduce: Reduce | None) -> Tensor:
     """OpenRLHF whitening: (x - mean) / sqrt(max(Var_pop, 1e-8)) over all valid tokens."""
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask, unbiased=False).clamp(min=1e-8)
+    mean, var = masked_moments(x, mask, unbiased=False, reduce=reduce)
+    var = var.clamp(min=1e-8)
     return zero_masked((x - mean) * torch.rsqrt(var), mask)
 
 
@@ -267,7 +268,7 @@ def _reinforce_pp(batch: AdvantageInputs, cfg: AdvantageConfig, scores: Tensor, 
     rewards = _token_rewards(batch, cfg, scores, what)
     zeros = torch.zeros_like(rewards)
     returns, _ = gae_recursion(rewards, zeros, batch.mask, cfg.gamma, 1.0)  # V = 0, lambda = 1: returns-to-go
-    return AdvantageOutput(_global_normalize(returns, batch.mask), returns)
+    return AdvantageOutput(_global_normalize(returns, batch.mask, cfg.reduce), returns)
 
 
 @ADVANTAGES.register("reinforce_pp")
@@ -293,10 +294,10 @@ def gae(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
         raise ValueError("gae needs critic values for every token (AdvantageInputs.values)")
     rewards = _token_rewards(batch, cfg, batch.scores, "gae")
     if cfg.whiten_rewards:
-        rewards = whiten(rewards, batch.mask, shift_mean=False, unbiased=cfg.whiten_unbiased)
+        rewards = whiten(rewards, batch.mask, shift_mean=False, unbiased=cfg.whiten_unbiased, reduce=cfg.reduce)
     adv, returns = gae_recursion(rewards, batch.values, batch.mask, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
-        adv = whiten(adv, batch.mask, shift_mean=True, unbiased=cfg.whiten_unbiased)
+        adv = whiten(adv, batch.mask, shift_mean=True, unbiased=cfg.whiten_unbiased, reduce=cfg.reduce)
     return AdvantageOutput(adv, returns)
 
 

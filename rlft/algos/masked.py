@@ -8,10 +8,16 @@ they hold NaN or inf: values are selected with `torch.where`, not multiplied.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
 WHITEN_EPS = 1e-8  # ALGORITHMS.md §1.3
+
+# Sums a small tensor over every rank (the identity on one rank). Statistics that take one are
+# computed over the whole distributed batch instead of this rank's share.
+Reduce = Callable[[Tensor], Tensor]
 
 
 def zero_masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -37,27 +43,35 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / count.clamp(min=1)
 
 
-def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance of the valid entries of x (all of them pooled).
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True, reduce: Reduce | None = None) -> Tensor:
+    """Variance of the valid entries of x (all of them pooled; over all ranks with `reduce`).
 
     unbiased=True divides by n-1 (TRL/verl), False by n (lm-human-preferences).
     A single valid entry gives variance 0 rather than 0/0.
     """
-    n = masked_count(mask).to(x.dtype)
-    mean = masked_sum(x, mask) / n.clamp(min=1)
-    sq = masked_sum((x - mean) ** 2, mask)
+    return masked_moments(x, mask, unbiased, reduce)[1]
+
+
+def masked_moments(x: Tensor, mask: Tensor, unbiased: bool = True,
+                   reduce: Reduce | None = None) -> tuple[Tensor, Tensor]:
+    """(mean, variance) of the valid entries of x, two-pass; `reduce` pools them over ranks."""
+    reduce = reduce or (lambda t: t)
+    n, total = reduce(torch.stack([masked_count(mask).to(x.dtype), masked_sum(x, mask)]))
+    mean = total / n.clamp(min=1)
+    sq = reduce(masked_sum((x - mean) ** 2, mask).reshape(1))[0]
     denom = (n - 1) if unbiased else n
-    return sq / denom.clamp(min=1)
+    return mean, sq / denom.clamp(min=1)
 
 
-def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, unbiased: bool = True) -> Tensor:
-    """ALGORITHMS.md §1.3: (x - mean) / sqrt(Var(x) + 1e-8) over valid entries.
+def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, unbiased: bool = True,
+           reduce: Reduce | None = None) -> Tensor:
+    """ALGORITHMS.md §1.3: (x - mean) / sqrt(Var(x) + 1e-8) over valid entries
+    (of every rank's batch with `reduce`).
 
     With shift_mean=False the mean is added back (reward whitening). Masked
     positions of the result are 0.
     """
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask, unbiased=unbiased)
+    mean, var = masked_moments(x, mask, unbiased, reduce)
     out = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
     if not shift_mean:
         out = out + mean

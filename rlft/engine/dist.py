@@ -110,6 +110,15 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """A small tensor summed over ranks (a copy; the input itself when there is one rank)."""
+    if not torch.distributed.is_initialized() or info().world_size == 1:
+        return t
+    out = t.detach().to(info().device, torch.float64)
+    torch.distributed.all_reduce(out)
+    return out.to(t.device, t.dtype)
+
+
 def broadcast_object(obj):
     """rank 0's Python object, on every rank."""
     if not torch.distributed.is_initialized() or info().world_size == 1:

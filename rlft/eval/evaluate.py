@@ -1,12 +1,21 @@
-"""`rlft eval`: greedy accuracy, unbiased pass@k and maj@k (ALGORITHMS.md §11) of a checkpoint.
+"""`rlft eval`: accuracy, unbiased pass@k and maj@k (ALGORITHMS.md §11), reward, RM score and KL
+to a reference, for one checkpoint or several.
 
     rlft eval run.name=demo                           # this run's SFT output (model.path=auto)
     rlft eval model.path=stage:grpo run.name=demo     # another stage of the run
+    rlft eval eval.models=[stage:sft,stage:grpo,stage:ppo] run.name=demo   # a comparison table
     rlft eval model.path=/path/to/hf_dir data=gsm8k data.source=/path/to/gsm8k
 
-Per problem: one greedy completion (accuracy) and eval.samples sampled completions at
+Per problem: one greedy completion (accuracy), eval.samples sampled completions at
 eval.temperature (pass@k with the unbiased estimator, maj@k by majority vote over extracted
-answers). Writes eval.json and prints a table.
+answers), and eval.policy_samples completions at temperature 1, the policy's own distribution,
+on which the reward sources (reward.functions, each on its own and their weighted total), the
+RM score and the sequence-level KL to the reference are measured:
+
+    KL(pi || ref) = E_{y ~ pi} [ sum_t log pi(y_t | .) - log ref(y_t | .) ]
+
+(the k1 estimator over whole sequences, unbiased; nats per completion). Writes eval.json per
+model, then comparison.md and comparison.csv over every model evaluated in the run.
 """
 from __future__ import annotations
 
@@ -16,13 +25,18 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from rlft import handoff
 from rlft.data.encode import encode_prompt
 from rlft.eval.metrics import maj_at_k, pass_at_k
+from rlft.eval.compare import write_comparison
 from rlft.models import load_model, load_tokenizer
+from rlft.rewards.scoring import RewardSet, ScoringModel
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
+from rlft.rollout import batch as rb
 from rlft.rollout.generate import SamplingConfig, generate
+from rlft.rollout.logprobs import batched_token_logp
 from rlft.stages import inputs
 
 
@@ -93,22 +107,88 @@ def evaluate_model(model, tokenizer, cfg, problems: list[dict], device: torch.de
     return metrics, greedy, grouped
 
 
-def run_eval(cfg) -> dict:
-    model_ref = cfg.model.path if cfg.model.path != "auto" else handoff.STAGE_PREFIX + cfg.algo.name
+def optional_model(cfg, ref: str, evaluated_path: str) -> str | None:
+    """eval.reference / eval.rm: none -> None; auto -> this run's stage output if complete (and not
+    the evaluated model itself); anything else must resolve."""
+    if ref == "none":
+        return None
+    if ref.startswith("auto"):
+        stage = ref.partition(":")[2] or "sft"
+        try:
+            path = handoff.resolve_model_path(cfg, handoff.STAGE_PREFIX + stage)
+        except handoff.MissingInputError:
+            return None
+        same = Path(path).resolve() == Path(evaluated_path).resolve() if Path(evaluated_path).exists() else False
+        return None if same else path
+    return handoff.resolve_model_path(cfg, ref)
+
+
+def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence sum_t (log pi - log ref) over response tokens [N] (k1; unbiased for KL(pi||ref)
+    when the sequences were sampled from pi)."""
+    return torch.where(mask.bool(), logp - ref_logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
+
+
+def policy_sample_metrics(model, tokenizer, cfg, problems: list[dict], prompts: list[list[int]],
+                          device: torch.device, reference: str | None, rm: str | None) -> dict:
+    """Reward sources, RM score and KL to the reference on eval.policy_samples completions per problem
+    drawn at temperature 1."""
+    e = cfg.eval
+    gens = generate(model, tokenizer, prompts, e.policy_samples,
+                    SamplingConfig(e.max_new_tokens, True, 1.0, 1.0, 0, e.batch_size), device)
+    rows = [problems[i] for i in gens.prompt_index]
+    prompt_texts = [tokenizer.decode(prompts[i]) for i in gens.prompt_index]
+    out: dict = {"policy_samples": len(gens.texts)}
+    rewards = RewardSet(cfg, device)
+    total, per_source = rewards([r["prompt"] for r in rows], prompt_texts, gens.texts, rows)
+    out["reward"] = float(total.mean())
+    for name, values in per_source.items():
+        out[f"reward/{name}"] = sum(values) / max(len(values), 1)
+    if rm is not None:
+        scores = per_source.get("rm") if "rm" in rewards.models else \
+            ScoringModel(cfg, "rm", rm, device).outcome(prompt_texts, gens.texts)
+        out["rm_score"] = sum(scores) / max(len(scores), 1)
+    if reference is not None:
+        ids, attn, mask = rb.build_sequences([prompts[i] for i in gens.prompt_index], gens.completion_ids,
+                                             tokenizer.pad_token_id)
+        ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
+        ref_model = load_model(cfg.model, reference, load_tokenizer(cfg.model, reference), head="causal_lm")
+        ref_model = ref_model.to(device).eval()
+        logp = batched_token_logp(model, ids, attn, e.batch_size)
+        ref_logp = batched_token_logp(ref_model, ids, attn, e.batch_size)
+        kl = sequence_kl(logp, ref_logp, mask)
+        out["kl_to_ref"] = float(kl.mean())
+        out["kl_to_ref_per_token"] = float(kl.sum() / mask.sum().clamp(min=1))
+    return out
+
+
+def eval_one(cfg, model_ref: str) -> dict:
+    """Evaluate one checkpoint; writes eval.json and samples.jsonl under runs/<name>/eval/<tag>/."""
+    cfg = _with_model(cfg, model_ref)
     path = eval_model_path(cfg)
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.engine.device != "cpu" else "cpu")
     tokenizer = load_tokenizer(cfg.model, path)
-    model = load_model(cfg.model, path, tokenizer, head="causal_lm", seed=cfg.seed).to(device)
+    model = load_model(cfg.model, path, tokenizer, head="causal_lm", seed=cfg.seed).to(device).eval()
     problems = inputs.qa_rows(cfg, "test")
     if cfg.eval.num_problems:
         problems = problems[:cfg.eval.num_problems]
-    print(f"[rlft] eval {model_ref}: {len(problems)} problems, greedy + {cfg.eval.samples} samples "
-          f"at temperature {cfg.eval.temperature}", flush=True)
+    e = cfg.eval
+    reference = optional_model(cfg, e.reference, path) if e.policy_samples else None
+    rm = optional_model(cfg, "auto:rm" if e.rm == "auto" else e.rm, path) if e.policy_samples else None
+    print(f"[rlft] eval {model_ref}: {len(problems)} problems, greedy + {e.samples} samples at temperature "
+          f"{e.temperature}" + (f" + {e.policy_samples} at temperature 1" if e.policy_samples else "")
+          + (f"; KL to {reference}" if reference else "") + (f"; RM {rm}" if rm else ""), flush=True)
     metrics, greedy, grouped = evaluate_model(model, tokenizer, cfg, problems, device)
+    if e.policy_samples:
+        prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
+        torch.manual_seed(e.seed + 1)
+        metrics.update(policy_sample_metrics(model, tokenizer, cfg, problems, prompts, device, reference, rm))
     out_dir = output_dir(cfg, model_ref)
     record = {"model": model_ref, "resolved_path": path, "data": cfg.data.source, "metrics": metrics,
-              "settings": {"samples": cfg.eval.samples, "k": list(cfg.eval.k), "temperature": cfg.eval.temperature,
-                           "top_p": cfg.eval.top_p, "max_new_tokens": cfg.eval.max_new_tokens}}
+              "reference": reference, "rm": rm,
+              "settings": {"samples": e.samples, "k": list(e.k), "temperature": e.temperature, "top_p": e.top_p,
+                           "max_new_tokens": e.max_new_tokens, "policy_samples": e.policy_samples,
+                           "reward_functions": list(cfg.reward.functions)}}
     handoff.write_json_atomic(out_dir / "eval.json", record)
     examples = [{"prompt": p["prompt"], "gold": p["answer"], "greedy": g, "samples": s}
                 for p, g, s in zip(problems[:20], greedy.texts, grouped)]
@@ -116,3 +196,22 @@ def run_eval(cfg) -> dict:
     print(format_table(metrics))
     print(f"[rlft] wrote {out_dir / 'eval.json'}")
     return record
+
+
+def run_eval(cfg) -> list[dict]:
+    """Every model of eval.models (or model.path), then the run's comparison table."""
+    refs = list(cfg.eval.models) or [cfg.model.path if cfg.model.path != "auto"
+                                     else handoff.STAGE_PREFIX + cfg.algo.name]
+    for ref in refs:  # fail on a missing checkpoint before spending time on the others
+        eval_model_path(_with_model(cfg, ref))
+    records = [eval_one(cfg, ref) for ref in refs]
+    eval_root = Path(cfg.run.root) / cfg.run.name / "eval"
+    table = write_comparison(eval_root)
+    if len(refs) > 1:
+        print(table)
+    print(f"[rlft] wrote {eval_root / 'comparison.md'} and comparison.csv")
+    return records
+
+
+def _with_model(cfg, ref: str):
+    return OmegaConf.merge(cfg, {"model": {"path": ref}})

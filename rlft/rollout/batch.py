@@ -106,3 +106,34 @@ def concat_rows(picks: list[tuple[Rollout, int]], pad_id: int = 0) -> Rollout:
         out.step_ends = [src.step_ends[i] for src, i in picks]
         out.step_scores = [src.step_scores[i] for src, i in picks]
     return out
+
+
+PAIR_FIELDS = ("delta", "pair_scores", "pair_s_ref")
+
+
+def take(ro: Rollout, order: list[int]) -> Rollout:
+    """The rollout with its rows in `order` (a permutation); per-pair fields follow their pairs,
+    so `order` must keep the rows (2j, 2j+1) of a pair together when the rollout has pairs."""
+    n = len(ro)
+    index = torch.tensor(order, dtype=torch.long)
+    pair_index = index[0::2] // 2
+    out = {}
+    for name, value in vars(ro).items():
+        if name in PAIR_FIELDS and value is not None:
+            out[name] = value[pair_index]
+        elif isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+            out[name] = value[index]
+        elif isinstance(value, list) and len(value) == n:
+            out[name] = [value[i] for i in order]
+        elif isinstance(value, dict):
+            out[name] = {k: [v[i] for i in order] for k, v in value.items()}
+        else:
+            out[name] = value
+    return Rollout(**out)
+
+
+def group_shuffle_order(n: int, group_size: int, seed: int) -> list[int]:
+    """A seeded permutation of rows 0..n-1 that moves whole groups (a prompt's samples stay together)."""
+    g = torch.Generator().manual_seed(seed)
+    groups = torch.randperm(n // group_size, generator=g).tolist()
+    return [k * group_size + j for k in groups for j in range(group_size)]

@@ -45,7 +45,7 @@ def advantage_config(a, kl_coef: float) -> AdvantageConfig:
     return AdvantageConfig(eps_adv=a.eps_adv, std_unbiased=a.std_unbiased, scale_by_std=a.scale_by_std,
                            rft_threshold=a.rft_threshold, kl_coef=kl_coef if a.kl_in == "reward" else 0.0,
                            kl_estimator=a.kl_estimator, gamma=a.gamma, lam=a.lam,
-                           whiten_advantages=a.whiten_advantages)
+                           whiten_advantages=a.whiten_advantages, reduce=dist.sum_over_ranks)
 
 
 def build_critic(cfg, tokenizer) -> Engine:
@@ -174,12 +174,13 @@ class RLStage:
         self.kl_ctl.update(total / max(count, 1.0), int(count))
         self.kl_coef = float(self.kl_ctl.value)
 
-    def update(self, ro: rb.Rollout, stats: "Sums") -> None:
+    def update(self, ro: rb.Rollout, stats: "Sums", rollout_index: int) -> None:
+        micro = self.cfg.train.micro_batch_per_device
+        seed = (self.cfg.seed * 1_000_003 + rollout_index) * 4099 + self.ctx.info.rank
         if self.a.pairwise:
-            update_pairwise(self.policy, self.a, self.cfg.train.micro_batch_per_device, ro, stats, self.kl_coef)
+            update_pairwise(self.policy, self.a, micro, ro, stats, self.kl_coef, seed)
         else:
-            update_policy(self.policy, self.ref, self.a, self.cfg.train.micro_batch_per_device, ro, stats,
-                          self.critic, self.kl_coef)
+            update_policy(self.policy, self.ref, self.a, micro, ro, stats, self.critic, self.kl_coef, seed)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -210,8 +211,17 @@ def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float)
     return ids, attn, mask, logits, selective_logp(logits, ids[:, 1:])
 
 
+def epoch_rollout(ro: rb.Rollout, a, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
+    """The rollout as pass `epoch` sees it: with algo.shuffle_minibatches, this rank's groups in a
+    fresh seeded order, so each pass cuts different minibatches."""
+    if shuffle_seed is None or not a.shuffle_minibatches:
+        return ro
+    return rb.take(ro, rb.group_shuffle_order(len(ro), a.samples_per_prompt, shuffle_seed * 101 + epoch))
+
+
 def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Rollout, stats: "Sums",
-                  critic: Engine | None = None, kl_coef: float | None = None) -> None:
+                  critic: Engine | None = None, kl_coef: float | None = None,
+                  shuffle_seed: int | None = None) -> None:
     """mu passes over the rollout, `minibatches_per_rollout` optimizer steps each.
 
     Every micro-batch loss is normalised by the counts of its whole minibatch on all ranks,
@@ -223,7 +233,9 @@ def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Roll
     pl_cfg = PolicyLossConfig(a.clip_eps_low, a.clip_eps_high, a.dual_clip_c)
     n = len(ro)
     per_mb = n // a.minibatches_per_rollout
-    for _ in range(a.updates_per_rollout):
+    rollout = ro
+    for epoch in range(a.updates_per_rollout):
+        ro = epoch_rollout(rollout, a, epoch, shuffle_seed)
         for start in range(0, n, per_mb):
             denom = global_denominator(ro.mask[start:start + per_mb], a.max_new_tokens)
             for m in range(start, start + per_mb, micro):
@@ -291,7 +303,8 @@ def online_dpo_pairs(logp: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Ten
     return loss * kept, kept
 
 
-def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums", kl_coef: float) -> None:
+def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums", kl_coef: float,
+                    shuffle_seed: int | None = None) -> None:
     """Pairwise updates on rows (2j, 2j+1): P3O's clipped loss of §10, or online DPO;
     the mean over the optimizer step's pairs (DPO: its untied pairs)."""
     dev = policy.device
@@ -299,7 +312,9 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
     loss_fn = P3O_LOSSES.get(a.p3o_clip_mode)
     n = len(ro)
     per_mb = n // a.minibatches_per_rollout
-    for _ in range(a.updates_per_rollout):
+    rollout = ro
+    for epoch in range(a.updates_per_rollout):
+        ro = epoch_rollout(rollout, a, epoch, shuffle_seed)
         for start in range(0, n, per_mb):
             m = ro.mask[start:start + per_mb]
             untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
@@ -426,7 +441,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
         stage.prepare(ro)
         times["prepare"] += time.time() - tic
         tic = time.time()
-        stage.update(ro, stats)
+        stage.update(ro, stats, r)
         stage.adapt_kl(ro)
         times["update"] += time.time() - tic
         rollout_metrics(ro, stats, a.samples_per_prompt)

@@ -154,3 +154,54 @@ def test_eval_writes_metrics(trained, workdir):
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 5 and all(len(s["samples"]) == 2 for s in samples)
     assert "greedy_accuracy" in proc.stdout
+
+
+def test_eval_compares_checkpoints_with_reward_rm_score_and_kl(trained, workdir):
+    """Two checkpoints in one call: the SFT model against itself (KL exactly 0) and a copy of it with
+    noise added to every weight against SFT (KL > 0); per-source rewards, their weighted total, the
+    RM score of the run's RM stage, and one comparison table with a row per model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = _stage(workdir, "sft") / "final"
+    noisy = AutoModelForCausalLM.from_pretrained(final)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in noisy.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    noisy.save_pretrained(workdir / "noisy" / "final")
+    AutoTokenizer.from_pretrained(final).save_pretrained(workdir / "noisy" / "final")
+    common = [f"run.name={RUN}", *TINY, "eval.num_problems=6", "eval.samples=2", "eval.k=[1,2]",
+              "eval.max_new_tokens=16", "eval.batch_size=16", "eval.policy_samples=3",
+              "reward.functions=[correctness,format]", "reward.weights=[1.0,0.5]"]
+    check_ok(run_cli(workdir, "eval", *common, f"eval.models=[stage:sft,{workdir / 'noisy' / 'final'}]",
+                     "eval.reference=stage:sft"))
+    root = workdir / "runs" / RUN / "eval"
+    sft = json.loads((root / "sft" / "eval.json").read_text())
+    base = json.loads((root / "noisy" / "eval.json").read_text())
+    for record in (sft, base):
+        m = record["metrics"]
+        assert m["policy_samples"] == 18
+        assert m["reward"] == pytest.approx(m["reward/correctness"] + 0.5 * m["reward/format"], abs=1e-9)
+        assert 0.0 <= m["reward/format"] <= 1.0 and math.isfinite(m["rm_score"])
+        assert record["rm"] and Path(record["rm"]).parent.name == "rm"
+    assert sft["metrics"]["kl_to_ref"] == 0.0  # the model against itself
+    assert base["metrics"]["kl_to_ref"] > 1.0  # the noisy copy is far from the SFT model
+    assert base["metrics"]["kl_to_ref_per_token"] > 0.0
+    table = (root / "comparison.md").read_text()
+    assert "| sft |" in table and "| noisy |" in table and "kl_to_ref" in table
+    csv_rows = (root / "comparison.csv").read_text().splitlines()
+    assert csv_rows[0].startswith("model,") and len(csv_rows) >= 3
+
+
+def test_eval_auto_reference_is_the_runs_sft_and_none_turns_it_off(trained, workdir):
+    common = [f"run.name={RUN}", *TINY, "eval.num_problems=3", "eval.samples=1", "eval.k=[1]",
+              "eval.max_new_tokens=8", "eval.policy_samples=2"]
+    check_ok(run_cli(workdir, "eval", *common, "model.path=builtin:tiny"))
+    record = json.loads((workdir / "runs" / RUN / "eval" / "builtin_tiny" / "eval.json").read_text())
+    assert Path(record["reference"]).parent.name == "sft" and "kl_to_ref" in record["metrics"]
+    check_ok(run_cli(workdir, "eval", *common, "model.path=stage:sft"))  # auto: not against itself
+    record = json.loads((workdir / "runs" / RUN / "eval" / "sft" / "eval.json").read_text())
+    assert record["reference"] is None and "kl_to_ref" not in record["metrics"]
+    check_ok(run_cli(workdir, "eval", *common, "model.path=builtin:tiny", "eval.reference=none", "eval.rm=none"))
+    record = json.loads((workdir / "runs" / RUN / "eval" / "builtin_tiny" / "eval.json").read_text())
+    assert "kl_to_ref" not in record["metrics"] and "rm_score" not in record["metrics"]

@@ -1,6 +1,7 @@
 """Advantage estimators against ALGORITHMS.md T1, T2, T6, T8, T9."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,58 @@ def test_rft_advantage_is_the_correctness_indicator():
     torch.testing.assert_close(adv, t([[1, 1], [1, 0], [0, 0], [0, 0]]))
     adv = run("rft", t([0.9, 0.4, 0.0, 1.0]), mask, rft_threshold=0.5).adv
     torch.testing.assert_close(adv[:, 0], t([1, 0, 0, 1]))
+
+
+# ----------------------------------------------------------------------------- whitening over ranks
+def _thread_all_reduce(world: int):
+    """A sum over `world` threads standing in for ranks (each calls it the same number of times)."""
+    import threading
+
+    barrier, slots = threading.Barrier(world), {}
+
+    def make(rank):
+        def reduce(t):
+            slots[rank] = t.clone()
+            barrier.wait()
+            total = sum(slots[r] for r in range(world))
+            barrier.wait()
+            return total
+        return reduce
+    return make
+
+
+@pytest.mark.parametrize("estimator", ["gae", "reinforce_pp"])
+def test_whitening_with_a_rank_reduce_equals_whitening_the_whole_batch(estimator):
+    import threading
+
+    torch.manual_seed(0)
+    B, T = 6, 7
+    mask = (torch.rand(B, T) > 0.3).double()
+    mask[:, 0] = 1
+    batch = AdvantageInputs(scores=torch.randn(B, dtype=torch.float64), mask=mask, group_size=1,
+                            old_logp=-torch.rand(B, T, dtype=torch.float64),
+                            ref_logp=-torch.rand(B, T, dtype=torch.float64),
+                            values=torch.randn(B, T, dtype=torch.float64))
+    cfg = AdvantageConfig(kl_coef=0.1, whiten_advantages=True)
+    whole = ADVANTAGES.get(estimator)(batch, cfg).adv
+
+    def shard(rows):
+        return AdvantageInputs(scores=batch.scores[rows], mask=mask[rows], group_size=1,
+                               old_logp=batch.old_logp[rows], ref_logp=batch.ref_logp[rows],
+                               values=batch.values[rows])
+
+    make, parts = _thread_all_reduce(2), {}
+
+    def rank(r):
+        rows = slice(r * 3, r * 3 + 3)
+        parts[r] = ADVANTAGES.get(estimator)(shard(rows), replace(cfg, reduce=make(r))).adv
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.testing.assert_close(torch.cat([parts[0], parts[1]]), whole, rtol=1e-12, atol=1e-12)
+    # without the reduce each half is whitened on its own, which differs
+    alone = ADVANTAGES.get(estimator)(shard(slice(0, 3)), cfg).adv
+    assert (alone - whole[:3]).abs().max() > 1e-3

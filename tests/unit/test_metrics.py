@@ -5,6 +5,7 @@ from math import comb
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlft.eval.metrics import majority_answer, maj_at_k, mean_maj_at_k, mean_pass_at_k, pass_at_k
 
@@ -61,3 +62,41 @@ def test_maj_at_k_ties_none_and_normalisation():
     assert mean_maj_at_k([(["1", "1", "2"], "1"), (["3", "4", "4"], "3")], 3) == 0.5
     with pytest.raises(ValueError):
         maj_at_k(["1"], "1", 0)
+
+
+def test_sequence_kl_sums_log_ratios_over_response_tokens_only():
+    from rlft.eval.evaluate import sequence_kl
+
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, float("nan"), -3.0]])
+    ref = torch.tensor([[-1.5, -1.0, -9.0], [-0.4, -1.0, float("inf")]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert sequence_kl(logp, ref, mask).tolist() == pytest.approx([0.5 - 1.0, 0.3])
+
+
+def test_sequence_kl_estimates_the_exact_kl_on_samples_from_the_policy():
+    """Mean of the k1 sequence estimate on samples from pi -> KL(pi || ref) (one-token responses)."""
+    from rlft.eval.evaluate import sequence_kl
+
+    pi, ref = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.3, 0.3, 0.4])
+    exact = float((pi * (pi / ref).log()).sum())
+    g = torch.Generator().manual_seed(0)
+    y = torch.multinomial(pi, 200_000, replacement=True, generator=g)
+    est = sequence_kl(pi.log()[y][:, None], ref.log()[y][:, None], torch.ones(len(y), 1)).mean()
+    assert float(est) == pytest.approx(exact, abs=0.01)
+
+
+def test_comparison_table_orders_rows_and_picks_the_largest_k(tmp_path):
+    import json
+
+    from rlft.eval.compare import write_comparison
+
+    for name, acc in (("sft", 0.25), ("grpo", 0.5)):
+        (tmp_path / name).mkdir()
+        metrics = {"greedy_accuracy": acc, "pass@1": 0.2, "pass@4": 0.6, "maj@4": 0.3, "reward": acc,
+                   "reward/correctness": acc, "kl_to_ref": 1.5, "num_problems": 10}
+        (tmp_path / name / "eval.json").write_text(json.dumps({"metrics": metrics}))
+    table = write_comparison(tmp_path, ["sft"]).splitlines()
+    assert table[0] == ("| model | greedy_accuracy | maj@4 | pass@4 | pass@1 | reward | kl_to_ref "
+                        "| reward/correctness |")
+    assert table[2].startswith("| sft | 0.250 |") and table[3].startswith("| grpo | 0.500 |")
+    assert (tmp_path / "comparison.csv").read_text().splitlines()[1].startswith("sft,0.250,")

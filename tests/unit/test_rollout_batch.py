@@ -209,3 +209,47 @@ def test_token_logp_is_target_aligned_and_micro_batching_is_exact(tok):
                 assert abs(logp[r, p].item() - ref[r, p, ids[r, p + 1]].item()) < 1e-5
     for micro in (1, 2):
         assert torch.allclose(batched_token_logp(model, ids, attn, micro, 0.7) * mask, logp * mask, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- minibatch shuffling
+def _pair_rollout(n_prompts: int, group: int) -> rb.Rollout:
+    prompts = [[10 + p] for p in range(n_prompts) for _ in range(group)]
+    completions = [[20 + i, EOS] for i in range(n_prompts * group)]
+    ids, attn, mask = rb.build_sequences(prompts, completions, PAD)
+    n = len(completions)
+    ro = rb.Rollout(rows=[{"i": i} for i in range(n)], prompt_texts=[str(i) for i in range(n)],
+                    completions=[str(i) for i in range(n)], completion_ids=completions, input_ids=ids,
+                    attention_mask=attn, mask=mask, truncated=torch.zeros(n, dtype=torch.bool),
+                    prompt_lens=[1] * n, scores=torch.arange(n, dtype=torch.float32),
+                    per_source={"correctness": list(range(n))})
+    ro.adv = torch.arange(n, dtype=torch.float32)[:, None].expand(n, 2).clone()
+    ro.pair_scores = torch.stack([ro.scores[0::2], ro.scores[1::2]], -1)
+    ro.delta = ro.scores[0::2] - ro.scores[1::2]
+    return ro
+
+
+def test_group_shuffle_moves_whole_groups_and_depends_on_the_seed():
+    orders = {tuple(rb.group_shuffle_order(12, 3, seed)) for seed in range(6)}
+    assert len(orders) > 1
+    for order in orders:
+        assert sorted(order) == list(range(12))
+        for k in range(0, 12, 3):  # each block of 3 is one whole group, in order
+            assert order[k] % 3 == 0 and list(order[k:k + 3]) == [order[k], order[k] + 1, order[k] + 2]
+    assert rb.group_shuffle_order(12, 3, 5) == rb.group_shuffle_order(12, 3, 5)
+
+
+def test_take_reorders_every_row_field_and_pairs_follow_their_rows():
+    ro = _pair_rollout(4, 2)
+    order = rb.group_shuffle_order(len(ro), 2, seed=3)
+    assert order != list(range(8))
+    out = rb.take(ro, order)
+    assert [r["i"] for r in out.rows] == order
+    assert out.completion_ids == [ro.completion_ids[i] for i in order]
+    assert out.input_ids.tolist() == ro.input_ids[order].tolist()
+    assert out.scores.tolist() == [float(i) for i in order]
+    assert out.adv[:, 0].tolist() == [float(i) for i in order]
+    assert out.per_source["correctness"] == order
+    # pair j of the result is rows (2j, 2j+1) of the result
+    assert out.pair_scores.tolist() == torch.stack([out.scores[0::2], out.scores[1::2]], -1).tolist()
+    assert out.delta.tolist() == (out.scores[0::2] - out.scores[1::2]).tolist()
+    assert ro.scores.tolist() == list(range(8))  # the original is untouched
