@@ -94,6 +94,14 @@ class EngineConfig:
     """ZeRO optimizer-state offload to CPU memory (stages 1-3)."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    generation_cache: str = "static"
+    """KV cache for sampling: static (preallocated; its decoding step is compiled on a GPU) | dynamic."""
+    generation_compile: bool = True
+    """Compile the static-cache decoding step (torch.compile + CUDA graphs; GPU only)."""
+    generation_bucket: bool = True
+    """Generate rows of similar prompt length together (less padding)."""
+    generation_pad_multiple: int = 16
+    """Left-pad every generation batch to a multiple of this many tokens (few shapes to compile)."""
 
 
 @dataclass
@@ -518,6 +526,7 @@ def validate(cfg) -> None:
         validate_rl(cfg)
     _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
     _check_choice("engine.precision", e.precision, ["fp32", "bf16"])
+    _check_choice("engine.generation_cache", e.generation_cache, ["static", "dynamic"])
     _check_choice("engine.backend", e.backend, ["auto", "gloo", "nccl"])
     _check_choice("engine.device", e.device, ["auto", "cpu", "cuda"])
     _check_choice("train.lr_schedule", t.lr_schedule, ["cosine", "linear", "constant"])

@@ -35,7 +35,7 @@ from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet, ScoringModel
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout import batch as rb
-from rlft.rollout.generate import SamplingConfig, generate
+from rlft.rollout.generate import SamplingConfig, generate, generation_options
 from rlft.rollout.logprobs import batched_token_logp
 from rlft.stages import inputs
 
@@ -88,12 +88,14 @@ def evaluate_model(model, tokenizer, cfg, problems: list[dict], device: torch.de
     """Greedy and sampled completions for every problem, then the metrics."""
     e = cfg.eval
     prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
+    fast = generation_options(cfg.engine)
     torch.manual_seed(e.seed)
     tic = time.time()
-    greedy = generate(model, tokenizer, prompts, 1, SamplingConfig(e.max_new_tokens, False, batch_size=e.batch_size),
+    greedy = generate(model, tokenizer, prompts, 1, SamplingConfig(e.max_new_tokens, False, batch_size=e.batch_size, **fast),
                       device)
     sampled = generate(model, tokenizer, prompts, e.samples,
-                       SamplingConfig(e.max_new_tokens, True, e.temperature, e.top_p, 0, e.batch_size), device)
+                       SamplingConfig(e.max_new_tokens, True, e.temperature, e.top_p, 0, e.batch_size, **fast),
+                       device)
     seconds = time.time() - tic
     grouped = [sampled.texts[i * e.samples:(i + 1) * e.samples] for i in range(len(problems))]
     metrics = score_problems(problems, greedy.texts, grouped, list(e.k))
@@ -135,7 +137,8 @@ def policy_sample_metrics(model, tokenizer, cfg, problems: list[dict], prompts: 
     drawn at temperature 1."""
     e = cfg.eval
     gens = generate(model, tokenizer, prompts, e.policy_samples,
-                    SamplingConfig(e.max_new_tokens, True, 1.0, 1.0, 0, e.batch_size), device)
+                    SamplingConfig(e.max_new_tokens, True, 1.0, 1.0, 0, e.batch_size,
+                                   **generation_options(cfg.engine)), device)
     rows = [problems[i] for i in gens.prompt_index]
     prompt_texts = [tokenizer.decode(prompts[i]) for i in gens.prompt_index]
     out: dict = {"policy_samples": len(gens.texts)}

@@ -3,6 +3,11 @@
 Completions of one prompt are contiguous (prompt i's samples are rows i*n .. i*n+n-1), the
 layout the group-normalised advantages expect. A completion keeps its first EOS (an action the
 policy took) and nothing after it; one that reaches max_new_tokens without EOS is truncated.
+
+Speed (engine.generation_*): rows are generated in batches of similar prompt length (prompt
+bucketing: less left padding), each batch padded to a multiple of `pad_multiple` tokens so that
+only a few shapes occur, with a static KV cache, whose decoding step Hugging Face compiles on a
+GPU (torch.compile + CUDA graphs), or the dynamic cache (the plain path).
 """
 from __future__ import annotations
 
@@ -21,6 +26,19 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0
     batch_size: int = 64
+    cache: str = "static"  # static | dynamic KV cache
+    compile: bool = True  # compile the static-cache decoding step (GPU)
+    bucket: bool = True  # batch rows of similar prompt length together
+    pad_multiple: int = 16  # left-pad each batch's prompts to a multiple of this many tokens
+
+
+GENERATION_CACHES = ("static", "dynamic")
+
+
+def generation_options(engine_cfg) -> dict:
+    """SamplingConfig's speed fields from the engine config (engine.generation_*)."""
+    return dict(cache=engine_cfg.generation_cache, compile=engine_cfg.generation_compile,
+                bucket=engine_cfg.generation_bucket, pad_multiple=engine_cfg.generation_pad_multiple)
 
 
 @dataclass
@@ -47,25 +65,46 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], samples_per_prompt: 
     device = device or next(model.parameters()).device
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(samples_per_prompt)]
-    out = Generations([], [], [], [])
+    order = generation_order([len(ids) for _, ids in rows], sampling.bucket)
+    results: list[tuple[list[int], bool] | None] = [None] * len(rows)
     was_training = model.training
     model.eval()
     for start in range(0, len(rows), sampling.batch_size):
-        chunk = rows[start:start + sampling.batch_size]
-        ids, attn = collate_padded([r[1] for r in chunk], pad, side="left")
+        chunk = order[start:start + sampling.batch_size]
+        ids, attn = collate_padded([rows[k][1] for k in chunk], pad, side="left")
+        ids, attn = left_pad_to_multiple(ids, attn, pad, sampling.pad_multiple)
         kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.do_sample,
                       pad_token_id=pad, eos_token_id=eos, use_cache=True)
+        if sampling.cache == "static":
+            kwargs.update(cache_implementation="static", disable_compile=not sampling.compile)
         if sampling.do_sample:
             # top_k=0 switches top-k off explicitly (None would fall back to the model's default of 50)
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         seqs = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **kwargs)
-        for (index, _), row in zip(chunk, seqs[:, ids.shape[1]:].tolist()):
-            tokens, truncated = cut_at_eos(row, eos, pad)
-            out.prompt_index.append(index)
-            out.completion_ids.append(tokens)
-            out.texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
-            out.truncated.append(truncated)
+        for k, row in zip(chunk, seqs[:, ids.shape[1]:].tolist()):
+            results[k] = cut_at_eos(row, eos, pad)
     model.train(was_training)
+    out = Generations([], [], [], [])
+    for (index, _), (tokens, truncated) in zip(rows, results):
+        out.prompt_index.append(index)
+        out.completion_ids.append(tokens)
+        out.texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
+        out.truncated.append(truncated)
     return out
+
+
+def generation_order(prompt_lengths: list[int], bucket: bool) -> list[int]:
+    """Row order for generation: by prompt length (stable) when bucketing, else as given."""
+    rows = range(len(prompt_lengths))
+    return sorted(rows, key=lambda k: prompt_lengths[k]) if bucket else list(rows)
+
+
+def left_pad_to_multiple(ids: torch.Tensor, attn: torch.Tensor, pad_id: int, multiple: int):
+    """Left-pad a batch (already left-padded) to a width that is a multiple of `multiple`."""
+    extra = (-ids.shape[1]) % multiple if multiple > 1 else 0
+    if not extra:
+        return ids, attn
+    return (torch.cat([ids.new_full((ids.shape[0], extra), pad_id), ids], 1),
+            torch.cat([attn.new_zeros((attn.shape[0], extra)), attn], 1))

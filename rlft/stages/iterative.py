@@ -23,7 +23,7 @@ from rlft.data.encode import encode_pair, encode_prompt, encode_steps
 from rlft.engine import Engine, dist, save_hf_dir
 from rlft.rewards.scoring import split_steps
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
-from rlft.rollout.generate import SamplingConfig, generate
+from rlft.rollout.generate import SamplingConfig, generate, generation_options
 from rlft.stages import common, inputs
 from rlft.stages.reward import prm_loss, rm_loss
 
@@ -59,7 +59,8 @@ def hard_step_labels(stage, record: dict) -> list[int]:
     prefixes = ["\n".join(steps[:j + 1]) + "\n" for j in range(len(steps))]
     prompt_ids = [encode_prompt(tok, record["prompt_text"] + p) for p in prefixes]
     n = stage.a.prm_label_completions
-    sampling = SamplingConfig(stage.a.max_new_tokens, True, stage.a.temperature, batch_size=stage.a.generation_batch)
+    sampling = SamplingConfig(stage.a.max_new_tokens, True, stage.a.temperature, batch_size=stage.a.generation_batch,
+                              **generation_options(stage.cfg.engine))
     with stage.policy.gathered() as module:
         gens = generate(module, tok, prompt_ids, n, sampling, stage.ctx.info.device)
     labels = []

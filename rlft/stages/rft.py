@@ -17,7 +17,7 @@ from rlft.data.encode import encode_prompt, encode_sft
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet
-from rlft.rollout.generate import SamplingConfig, generate
+from rlft.rollout.generate import SamplingConfig, generate, generation_options
 from rlft.stages import common, inputs
 from rlft.stages.sft import response_token_count, sft_loss
 
@@ -39,7 +39,8 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[tuple[int, str]], dict]:
     rows = rows[:a.num_prompts] if a.num_prompts else rows
     mine = list(range(info.rank, len(rows), info.world_size))
     prompt_texts = [inputs.render(cfg, tokenizer, rows[i]["prompt"]) for i in mine]
-    sampling = SamplingConfig(a.max_new_tokens, True, a.temperature, a.top_p, 0, a.generation_batch)
+    sampling = SamplingConfig(a.max_new_tokens, True, a.temperature, a.top_p, 0, a.generation_batch,
+                              **generation_options(cfg.engine))
     torch.manual_seed(cfg.seed + info.rank)
     gens = generate(model, tokenizer, [encode_prompt(tokenizer, t) for t in prompt_texts], a.samples_per_prompt,
                     sampling, info.device)

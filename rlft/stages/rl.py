@@ -35,7 +35,7 @@ from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout import batch as rb
-from rlft.rollout.generate import SamplingConfig, generate
+from rlft.rollout.generate import SamplingConfig, generate, generation_options
 from rlft.rollout.logprobs import batched_token_logp, selective_logp
 from rlft.stages import common, inputs, iterative
 
@@ -85,7 +85,8 @@ class RLStage:
         self.train_rows = inputs.qa_rows(cfg, "train")
         self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
         self.sampling = SamplingConfig(self.a.max_new_tokens, True, self.a.temperature, self.a.top_p, self.a.top_k,
-                                       self.a.generation_batch)
+                                       self.a.generation_batch,
+                                       **generation_options(cfg.engine))
         self.samples_log: list[dict] = []  # this iteration's scored samples (iterative RL)
 
     def load_reference(self, path: str) -> Engine:
@@ -190,7 +191,8 @@ class RLStage:
         info, tok = self.ctx.info, self.tokenizer
         shard = self.test_rows[info.rank::info.world_size]
         prompt_ids = [encode_prompt(tok, inputs.render(self.cfg, tok, r["prompt"])) for r in shard]
-        greedy = SamplingConfig(self.a.max_new_tokens, False, batch_size=self.a.generation_batch)
+        greedy = SamplingConfig(self.a.max_new_tokens, False, batch_size=self.a.generation_batch,
+                                **generation_options(self.cfg.engine))
         with self.policy.gathered() as module:
             gens = generate(module, tok, prompt_ids, 1, greedy, info.device)
         correct = sum(answers_match(extract_answer(t), gold_answer(r["answer"])) for t, r in zip(gens.texts, shard))
