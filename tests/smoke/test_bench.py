@@ -1,0 +1,28 @@
+"""scripts/bench.py on a very small workload: both sides run, the JSON carries every phase, the
+lengths are fixed (EOS suppressed), and the ratio is computed from the two measured step times."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO, cli_env
+
+
+def test_bench_runs_rlft_and_trl_on_the_same_workload(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--device=cpu", "--threads=1", "--prompts=2",
+           "--samples=2", "--prompt-tokens=8", "--new-tokens=6", "--steps=2", "--warmup=1", "--peer=trl",
+           f"--out={out}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["workload"]["shape"] == "tiny" and report["workload"]["new_tokens"] == 6
+    rlft, trl = report["results"]
+    assert rlft["side"] == "rlft" and trl["side"] == "trl"
+    assert rlft["new_tokens"] == 2 * 2 * 6  # every completion exactly --new-tokens long
+    for key in ("generation_s", "scoring_s", "update_s", "step_s", "peak_memory_gib"):
+        assert rlft[key] > 0, key
+    assert rlft["steps_measured"] == 2 and trl["steps_measured"] == 2 and trl["step_s"] > 0
+    assert report["ratios"]["trl_step_over_rlft_step"] == trl["step_s"] / rlft["step_s"]
+    assert "| rlft |" in proc.stdout and "| trl |" in proc.stdout
