@@ -48,15 +48,20 @@ def _user_errors() -> tuple[type, ...]:
     return ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError, StageError
 
 
-def _train_job(cfg) -> None:
+def _train_job(cfg) -> float | None:
+    """One training job; returns run.objective from its summary (what a search sweeper optimises)."""
+    from rlft import handoff
     from rlft.config import validate
-    from rlft.launch import launch_train
+    from rlft.launch import job_dir, launch_train
+    from rlft.sweep import objective_value
 
     try:
         validate(cfg)
         launch_train(cfg)
     except _user_errors() as exc:
         fail(str(exc))
+    manifest = handoff.read_manifest(job_dir(cfg)) or {}
+    return objective_value(manifest.get("summary") or {}, cfg.run.objective)
 
 
 def _eval_job(cfg) -> None:

@@ -32,6 +32,9 @@ class RunConfig:
     """Directory that holds all runs (relative to the working directory)."""
     dir: Optional[str] = None
     """Output directory of this stage; default `<root>/<name>/<algo.name>` (per job under -m)."""
+    objective: str = "auto"
+    """Final metric a search sweeper optimises (e.g. hydra/sweeper=optuna): a key of the stage summary;
+    auto: held-out accuracy, else the eval loss, else the training loss."""
 
 
 @dataclass

@@ -16,9 +16,7 @@ def run_stage(cfg) -> dict:
 
     info = dist.init(cfg.engine)
     ctx = StageContext(cfg=cfg, info=info, run_dir=Path(cfg.run.dir))
-    result = STAGES.get(cfg.algo.name)(cfg, ctx)
-    dist.shutdown()
-    return result
+    return STAGES.get(cfg.algo.name)(cfg, ctx)
 
 
 def main(argv: list[str]) -> None:
@@ -28,8 +26,13 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
     from rlft.cli import _user_errors
 
+    from rlft.engine import dist
+
     try:
         run_stage(OmegaConf.load(argv[0]))
+        # a rank process ends here: leave the group together (the in-process single rank keeps it
+        # for the next job of a sweep)
+        dist.shutdown()
     except _user_errors() as exc:
         if int(os.environ.get("RANK", "0")) == 0:
             error_file = os.environ.get("RLFT_ERROR_FILE")

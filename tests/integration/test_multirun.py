@@ -54,3 +54,39 @@ def test_sweep_jobs_get_distinct_directories(tmp_path):
     check_ok(run_cli(tmp_path, "train", "algo=sft", "run.name=solo", "train.lr=2e-3", *ARGS))
     solo = load_safetensors(tmp_path / "runs" / "solo" / "sft" / "final")
     assert all(torch.equal(solo[k], weights[1][k]) for k in solo), "the second sweep job differs from a solo run"
+
+
+def _summary(tmp_path, name):
+    sweeps = list((tmp_path / "runs" / name / "multirun").iterdir())
+    assert len(sweeps) == 1, sweeps
+    return sweeps[0], (sweeps[0] / "summary.csv").read_text().splitlines(), (sweeps[0] / "summary.md").read_text()
+
+
+def test_a_four_job_sweep_writes_its_summary_table(tmp_path):
+    check_ok(run_cli(tmp_path, "train", "-m", "algo=sft", "run.name=grid", "train.lr=1e-3,2e-3", "seed=1,2", *ARGS))
+    sweep, rows, md = _summary(tmp_path, "grid")
+    header = rows[0].split(",")
+    assert header[:4] == ["job", "status", "train.lr", "seed"]
+    assert "eval_loss" in header and "loss" in header
+    assert len(rows) == 5
+    jobs = {}
+    for line in rows[1:]:
+        cells = dict(zip(header, line.split(",")))
+        assert cells["status"] == "completed"
+        jobs[(cells["train.lr"], cells["seed"])] = cells
+        manifest = read_manifest(sweep / cells["job"] / "sft")
+        assert float(cells["eval_loss"]) == pytest.approx(manifest["summary"]["eval_loss"], rel=1e-3)
+    assert set(jobs) == {("0.001", "1"), ("0.001", "2"), ("0.002", "1"), ("0.002", "2")}
+    assert md.startswith("Shared overrides: algo=sft run.name=grid") and md.count("| completed |") == 4
+
+
+def test_optuna_sweeper_searches_and_gets_the_objective(tmp_path):
+    proc = check_ok(run_cli(tmp_path, "train", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
+                            "hydra.sweeper.direction=minimize", "train.lr=interval(1e-4,1e-2)", "algo=sft",
+                            "run.name=search", *ARGS))
+    sweep, rows, _ = _summary(tmp_path, "search")
+    assert len(rows) == 3
+    results = OmegaConf.load(sweep / "optimization_results.yaml")
+    losses = [float(line.split(",")[rows[0].split(",").index("eval_loss")]) for line in rows[1:]]
+    assert results.best_value == pytest.approx(min(losses), rel=1e-3)  # the job returned run.objective=eval_loss
+    assert "sweep summary (2 jobs)" in proc.stdout
