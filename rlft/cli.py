@@ -3,6 +3,7 @@
     rlft train algo=<name> [key=value ...]     train one stage (Hydra overrides)
     rlft train -m algo=rm train.lr=1e-4,3e-4   Hydra multirun: one job per combination
     rlft eval model.path=stage:sft run.name=demo
+    rlft plot runs/demo                        PNG training curves of every stage of a run
     rlft list [group | keys [prefix]]          algorithms, config groups and options, keys with docs
 
 Overrides are checked before anything heavy is imported; a mistake is one line naming the
@@ -17,8 +18,11 @@ USAGE = """usage: rlft <command> [options] [key=value ...]
 commands:
   train [-m] [overrides]   train a stage: rlft train algo=sft run.name=demo
                            -m / --multirun sweeps comma-separated values (Hydra multirun)
-  eval [overrides]         accuracy, pass@k, maj@k of a checkpoint:
+  eval [overrides]         accuracy, pass@k, maj@k, reward, RM score, KL to the SFT model:
                            rlft eval model.path=stage:sft run.name=demo
+                           rlft eval eval.models=[stage:sft,stage:grpo] run.name=demo
+  plot RUN [--out DIR]     PNG curves (reward, KL, accuracy, length, losses) of every stage:
+                           rlft plot runs/demo
   list [what]              what: algo | groups | <group> | keys [prefix]
   --help                   this message
 
@@ -183,8 +187,15 @@ def _main(args: list[str]) -> None:
         run_hydra(_eval_job, rest)
     elif command == "list":
         cmd_list(rest)
+    elif command == "plot":
+        from rlft.plot import PlotError, main as plot_main
+
+        try:
+            plot_main(rest)
+        except PlotError as exc:
+            fail(str(exc))
     else:
-        fail(f"unknown command '{command}'; valid: train, eval, list (rlft --help)")
+        fail(f"unknown command '{command}'; valid: train, eval, plot, list (rlft --help)")
 
 
 if __name__ == "__main__":
