@@ -230,6 +230,9 @@ class EvalConfig:
     none: no RM score."""
     models: list = field(default_factory=list)
     """Several checkpoints to evaluate in one call (stage:<algo> or directories); empty: model.path."""
+    tag: str = ""
+    """Directory name under runs/<name>/eval/ for a single model (default: the stage, or the directory
+    that holds the model's final/)."""
 
 
 # ----------------------------------------------------------------------------- algorithms

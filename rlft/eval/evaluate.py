@@ -28,6 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlft import handoff
+from rlft.config import ConfigError
 from rlft.data.encode import encode_prompt
 from rlft.eval.metrics import maj_at_k, pass_at_k
 from rlft.eval.compare import write_comparison
@@ -49,8 +50,10 @@ def eval_model_path(cfg) -> str:
 
 
 def output_dir(cfg, model_ref: str) -> Path:
-    """runs/<run.name>/eval/<tag>: the stage name, or the directory holding a `final/` model."""
-    if model_ref.startswith(handoff.STAGE_PREFIX):
+    """runs/<run.name>/eval/<tag>: eval.tag, the stage name, or the directory holding a `final/` model."""
+    if cfg.eval.tag:
+        tag = cfg.eval.tag
+    elif model_ref.startswith(handoff.STAGE_PREFIX):
         tag = model_ref[len(handoff.STAGE_PREFIX):]
     elif Path(model_ref).name == "final":
         tag = Path(model_ref).parent.name
@@ -205,6 +208,8 @@ def run_eval(cfg) -> list[dict]:
     """Every model of eval.models (or model.path), then the run's comparison table."""
     refs = list(cfg.eval.models) or [cfg.model.path if cfg.model.path != "auto"
                                      else handoff.STAGE_PREFIX + cfg.algo.name]
+    if cfg.eval.tag and len(refs) > 1:
+        raise ConfigError("eval.tag names one evaluation; drop it when eval.models lists several checkpoints")
     for ref in refs:  # fail on a missing checkpoint before spending time on the others
         eval_model_path(_with_model(cfg, ref))
     records = [eval_one(cfg, ref) for ref in refs]
