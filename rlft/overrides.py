@@ -39,6 +39,21 @@ def option_description(group: str, option: str) -> str:
     return ""
 
 
+def experiment_algo(name: str) -> str | None:
+    """The algorithm conf/experiment/<name>.yaml selects (`override /algo: <name>`), if any."""
+    from omegaconf import OmegaConf
+
+    path = conf_dir() / "experiment" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    for entry in OmegaConf.load(path).get("defaults") or []:
+        if isinstance(entry, dict) or OmegaConf.is_dict(entry):
+            for key, value in dict(entry).items():
+                if key.split("/")[-1] == "algo" and isinstance(value, str):
+                    return value
+    return None
+
+
 def _suggest(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
@@ -83,6 +98,9 @@ def check_overrides(args: list[str]) -> None:
     except HydraException as exc:
         raise ConfigError(f"cannot parse the overrides: {' '.join(str(exc).split())}") from None
     algos = ["sft"]
+    for o in parsed:  # an experiment may choose the algorithm; an explicit algo= wins
+        if o.key_or_group.lstrip("+") == "experiment":
+            algos = [a for v in _values(o) for a in [experiment_algo(v)] if a] or algos
     for o in parsed:
         if o.key_or_group == "algo":
             algos = _values(o) or algos

@@ -1,0 +1,49 @@
+"""scripts/frontier.py on the tiny model: a beta sweep per algorithm (Hydra multirun), an evaluation
+per run against the SFT model, the CSV and the PNG; a second invocation trains and evaluates nothing."""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TINY, cli_env
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--run", "fr", "--algos", "grpo,p3o", "--betas", "grpo=0.01,0.5", "--betas", "p3o=0.05", "--steps", "2",
+        "--eval-problems", "4", "--policy-samples", "2",
+        "--parent-arg", "train.max_steps=3", "--parent-arg", "train.batch_size=8",
+        "--parent-arg", "train.micro_batch_per_device=8",
+        "--rl-arg", "algo.prompts_per_step=2", "--rl-arg", "algo.samples_per_prompt=4",
+        "--rl-arg", "algo.max_new_tokens=12", "--rl-arg", "train.micro_batch_per_device=4",
+        "--rl-arg", "algo.minibatches_per_rollout=1", "--rl-arg", "algo.updates_per_rollout=1",
+        "--rl-arg", "algo.eval_every=0", "--rl-arg", "algo.eval_problems=4", "--rl-arg", "algo.generation_batch=8",
+        "--", *TINY]
+
+
+def run(tmp_path):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "frontier.py"), *ARGS], cwd=tmp_path,
+                          env=cli_env(), capture_output=True, text=True, timeout=900)
+
+
+def test_frontier_sweeps_beta_evaluates_and_plots(tmp_path):
+    import matplotlib.image as mpimg
+
+    proc = run(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = tmp_path / "runs" / "fr" / "frontier"
+    rows = list(csv.DictReader(open(out / "frontier.csv")))
+    assert [(r["algo"], r["beta"]) for r in rows] == [("sft", ""), ("grpo", "0.01"), ("grpo", "0.5"), ("p3o", "0.05")]
+    for r in rows[1:]:
+        assert float(r["kl_to_ref"]) == float(r["kl_to_ref"])  # a number (not NaN)
+        assert 0.0 <= float(r["reward"]) <= 1.0
+        assert (tmp_path / r["dir"] / "manifest.json").is_file() and "/frontier/" in r["dir"]
+    assert mpimg.imread(out / "frontier.png").shape[0] > 100
+    # each beta ran as a job of one multirun per algorithm, which wrote its sweep summary
+    assert (out / "grpo" / "sweep0" / "summary.md").is_file()
+
+    again = run(tmp_path)
+    assert again.returncode == 0
+    assert "rlft train" not in again.stdout and "rlft eval" not in again.stdout
