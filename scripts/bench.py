@@ -160,7 +160,7 @@ def run_rlft(args) -> dict:
                         completion_ids=gens.completion_ids, input_ids=ids, attention_mask=attn, mask=mask,
                         truncated=torch.tensor(gens.truncated), prompt_lens=[len(prompts[i]) for i in gens.prompt_index])
         if ref is not None:
-            ro.ref_logp = batched_token_logp(ref, ids.to(device), attn.to(device), micro)
+            ro.ref_logp = batched_token_logp(ref, ids.to(device), attn.to(device), micro, 1.0, mask)
         g = torch.Generator().manual_seed(args.seed + step)
         ro.scores = torch.rand(n, generator=g, dtype=torch.float64)
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=args.samples, ref_logp=ro.ref_logp)

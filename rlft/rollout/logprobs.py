@@ -22,22 +22,46 @@ def selective_logp(logits: torch.Tensor, targets: torch.Tensor, rows_per_chunk: 
     return torch.cat(out)
 
 
+def response_start(mask: torch.Tensor) -> int:
+    """First target column where any row has a response token (0 when none has): the columns
+    before it are prompt in every row and need no logits."""
+    cols = mask.bool().any(0).nonzero()
+    return int(cols[0]) if len(cols) else 0
+
+
+def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int = 0,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """Next-token logits [B, L-1-start] for target columns start..L-2 (positions start..L-2).
+
+    The LM head runs only on those positions (`logits_to_keep`), which on a large vocabulary
+    saves the prompt's share of its time and of the logits' memory."""
+    keep = input_ids.shape[1] - start
+    kwargs = {"logits_to_keep": keep} if start > 0 else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits[:, -keep:][:, :-1]
+    return logits / temperature if temperature != 1.0 else logits
+
+
 def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               temperature: float = 1.0) -> torch.Tensor:
-    """Log-probs [B, L-1] of input_ids[:, 1:] under `model` (grad flows if enabled).
+               temperature: float = 1.0, start: int = 0) -> torch.Tensor:
+    """Log-probs [B, L-1] of input_ids[:, 1:] under `model` (grad flows if enabled); columns
+    before `start` (prompt only) are left at 0 without computing their logits.
 
     `temperature` divides the logits as sampling did, so old/ref/current log-probs all refer
     to the same distribution the tokens were drawn from."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    if temperature != 1.0:
-        logits = logits / temperature
-    return selective_logp(logits, input_ids[:, 1:])
+    logits = forward_logits(model, input_ids, attention_mask, start, temperature)
+    logp = selective_logp(logits, input_ids[:, start + 1:])
+    if start == 0:
+        return logp
+    return torch.cat([logp.new_zeros(logp.shape[0], start), logp], 1)
 
 
 @torch.no_grad()
 def batched_token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch: int,
-                       temperature: float = 1.0) -> torch.Tensor:
-    """token_logp over a large batch in micro-batches, no grad (old and reference log-probs)."""
-    out = [token_logp(model, ids, attn, temperature)
-           for ids, attn in zip(input_ids.split(micro_batch), attention_mask.split(micro_batch))]
+                       temperature: float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """token_logp over a large batch in micro-batches, no grad (old and reference log-probs).
+    With the response `mask`, each micro-batch skips the logits of its all-prompt columns."""
+    out = []
+    for k, (ids, attn) in enumerate(zip(input_ids.split(micro_batch), attention_mask.split(micro_batch))):
+        start = response_start(mask[k * micro_batch:(k + 1) * micro_batch]) if mask is not None else 0
+        out.append(token_logp(model, ids, attn, temperature, start))
     return torch.cat(out)

@@ -36,7 +36,7 @@ from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import SamplingConfig, generate, generation_options
-from rlft.rollout.logprobs import batched_token_logp, selective_logp
+from rlft.rollout.logprobs import batched_token_logp, forward_logits, response_start, selective_logp
 from rlft.stages import common, inputs, iterative
 
 
@@ -152,9 +152,9 @@ class RLStage:
         ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
         reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward" or a.pairwise
         if reuse:
-            ro.old_logp = batched_token_logp(self.policy, ids, attn, micro, a.temperature)
+            ro.old_logp = batched_token_logp(self.policy, ids, attn, micro, a.temperature, ro.mask)
         if self.ref is not None:
-            ro.ref_logp = batched_token_logp(self.ref, ids, attn, micro, a.temperature)
+            ro.ref_logp = batched_token_logp(self.ref, ids, attn, micro, a.temperature, ro.mask)
         if self.critic is not None:
             ro.values = batched_values(self.critic, ids, attn, micro)
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=a.samples_per_prompt,
@@ -201,16 +201,18 @@ class RLStage:
 
 
 def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float):
-    """One micro-batch of the rollout, trimmed to its longest row, through the policy (with grad):
-    (ids, attention mask, response mask, logits, per-token log-probs)."""
+    """One micro-batch of the rollout through the policy (with grad), trimmed to its longest row
+    and, for the logits, to the target columns from its first response token on:
+    (ids, attention mask, cols, response mask, logits, per-token log-probs). `cols` selects those
+    columns from any [N, L-1] rollout tensor (old/ref log-probs, advantages, values)."""
     dev = policy.device
     width = int(ro.attention_mask[sl].sum(-1).max())
     ids, attn = ro.input_ids[sl, :width].to(dev), ro.attention_mask[sl, :width].to(dev)
-    mask = ro.mask[sl, :width - 1].to(dev)
-    logits = policy(input_ids=ids, attention_mask=attn).logits[:, :-1]
-    if temperature != 1.0:
-        logits = logits / temperature
-    return ids, attn, mask, logits, selective_logp(logits, ids[:, 1:])
+    start = response_start(ro.mask[sl, :width - 1])
+    cols = slice(start, width - 1)
+    mask = ro.mask[sl, cols].to(dev)
+    logits = forward_logits(policy, ids, attn, start, temperature)
+    return ids, attn, cols, mask, logits, selective_logp(logits, ids[:, start + 1:])
 
 
 def epoch_rollout(ro: rb.Rollout, a, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
@@ -242,22 +244,21 @@ def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Roll
             denom = global_denominator(ro.mask[start:start + per_mb], a.max_new_tokens)
             for m in range(start, start + per_mb, micro):
                 sl = slice(m, m + micro)
-                ids, attn, mask, logits, logp = micro_forward(policy, ro, sl, a.temperature)
-                width = ids.shape[1]
-                old = ro.old_logp[sl, :width - 1].to(dev) if ro.old_logp is not None else None
-                loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, :width - 1].to(dev), mask, pl_cfg)
+                ids, attn, cols, mask, logits, logp = micro_forward(policy, ro, sl, a.temperature)
+                old = ro.old_logp[sl, cols].to(dev) if ro.old_logp is not None else None
+                loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, cols].to(dev), mask, pl_cfg)
                 tokens = mask.sum().item()
                 if ref is not None:
-                    kl = kl_fn(logp, ro.ref_logp[sl, :width - 1].to(dev))
+                    kl = kl_fn(logp, ro.ref_logp[sl, cols].to(dev))
                     if a.kl_in == "loss":
                         loss_tok = loss_tok + (a.kl_coef if kl_coef is None else kl_coef) * kl
                     stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
                 policy.backward(aggregate(loss_tok, mask, denom))
                 policy.step()
                 if critic is not None:
-                    values = token_scores(critic.module, ids, attn)[:, :-1]
-                    vloss, vm = value_loss(values, ro.values[sl, :width - 1].to(dev),
-                                           ro.returns[sl, :width - 1].to(dev), mask, a.value_clip, denom)
+                    values = token_scores(critic.module, ids, attn)[:, :-1][:, cols.start:]
+                    vloss, vm = value_loss(values, ro.values[sl, cols].to(dev),
+                                           ro.returns[sl, cols].to(dev), mask, a.value_clip, denom)
                     critic.backward(vloss)
                     critic.step()
                     stats.add("value_loss", vloss.item() * denom.num_tokens, tokens)
@@ -324,12 +325,11 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
             denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(a.max_new_tokens))
             for r in range(start, start + per_mb, micro):
                 sl, pl = slice(r, r + micro), slice(r // 2, (r + micro) // 2)
-                ids, attn, mask, logits, logp = micro_forward(policy, ro, sl, a.temperature)
-                width = ids.shape[1]
-                old = ro.old_logp[sl, :width - 1].to(dev)
+                ids, attn, cols, mask, logits, logp = micro_forward(policy, ro, sl, a.temperature)
+                old = ro.old_logp[sl, cols].to(dev)
                 if a.pairwise_loss == "dpo":
                     diff = (ro.pair_scores[pl, 0] - ro.pair_scores[pl, 1]).to(dev)
-                    loss, kept = online_dpo_pairs(logp, mask, ro.ref_logp[sl, :width - 1].to(dev), diff, kl_coef,
+                    loss, kept = online_dpo_pairs(logp, mask, ro.ref_logp[sl, cols].to(dev), diff, kl_coef,
                                                   a.dpo_length_normalize)
                     policy.backward(loss.sum() / max(untied, 1.0))
                     policy.step()
@@ -353,7 +353,7 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
                 tokens_here = mask.sum().item()
                 stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens_here)
                 if ro.ref_logp is not None:
-                    kl = ro.old_logp[sl, :width - 1].to(dev) - ro.ref_logp[sl, :width - 1].to(dev)
+                    kl = ro.old_logp[sl, cols].to(dev) - ro.ref_logp[sl, cols].to(dev)
                     stats.add("kl", masked_sum_f(kl, mask), tokens_here)
 
 

@@ -211,6 +211,29 @@ def test_token_logp_is_target_aligned_and_micro_batching_is_exact(tok):
         assert torch.allclose(batched_token_logp(model, ids, attn, micro, 0.7) * mask, logp * mask, atol=1e-6)
 
 
+def test_logits_only_from_the_first_response_column_give_the_same_log_probs(tok):
+    """Skipping the LM head on all-prompt columns (logits_to_keep) changes nothing on response tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlft.rollout.logprobs import response_start
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=64, pad_token_id=0)).eval()
+    ids, attn, mask = rb.build_sequences([[5, 6, 7, 8, 9], [8, 3, 4], [9, 10, 11, 12]],
+                                         [[11, 12, EOS], [13, EOS], [14, 15, 16, 17]], PAD)
+    assert response_start(mask) == 2 and response_start(mask[::2]) == 3 and response_start(mask * 0) == 0
+    with torch.no_grad():
+        full = token_logp(model, ids, attn)
+        trimmed = token_logp(model, ids, attn, start=2)
+    assert trimmed.shape == full.shape and trimmed[:, :2].abs().sum() == 0
+    torch.testing.assert_close(trimmed * mask, full * mask, atol=1e-6, rtol=0)
+    for micro in (1, 2, 3):
+        got = batched_token_logp(model, ids, attn, micro, mask=mask)
+        torch.testing.assert_close(got * mask, full * mask, atol=1e-6, rtol=0)
+
+
 # ----------------------------------------------------------------------------- minibatch shuffling
 def _pair_rollout(n_prompts: int, group: int) -> rb.Rollout:
     prompts = [[10 + p] for p in range(n_prompts) for _ in range(group)]
