@@ -61,6 +61,17 @@ def deepspeed_config(cfg, trainable: bool = True) -> dict:
     return ds
 
 
+def make_optimizer(params, t, offload: bool) -> torch.optim.Optimizer:
+    """AdamW; with ZeRO-Offload, DeepSpeed's CPU AdamW (the same update, run on the CPU copy of
+    the optimizer state; its C++ op is compiled on first use)."""
+    kwargs = dict(lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay, eps=1e-8)
+    if offload:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, adamw_mode=True, **kwargs)
+    return torch.optim.AdamW(params, **kwargs)
+
+
 class Engine:
     """A model under DeepSpeed, with or without an optimizer (frozen models: trainable=False)."""
 
@@ -76,8 +87,7 @@ class Engine:
         if trainable:
             t = cfg.train
             params = [p for p in model.parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2),
-                                          weight_decay=t.weight_decay, eps=1e-8)
+            optimizer = make_optimizer(params, t, offload=cfg.engine.offload_optimizer and cfg.engine.zero_stage > 0)
             scheduler = torch.optim.lr_scheduler.LambdaLR(
                 optimizer, lambda s: lr_multiplier(s, t.warmup_steps, t.max_steps, t.lr_schedule, t.min_lr_ratio))
             self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(

@@ -7,6 +7,7 @@ Every run trains SFT for 4 steps on the same global batch of 8 sequences with th
     z3x2    2 ranks, ZeRO-3, micro 4 (no accumulation)
     acc2    1 rank,  ZeRO-2, micro 2 (4 accumulation steps)
     acc8    1 rank,  ZeRO-2, micro 8 (no accumulation)
+    offload as acc8, with optimizer offload (DeepSpeed CPU AdamW) and activation checkpointing
     nodes   2 "nodes" x 1 rank (two drivers on this machine), ZeRO-0, micro 4
 
 The per-step training loss (logged every step) must agree to fp32 tolerance. The loss at step 1
@@ -38,6 +39,10 @@ CONFIGS = {
     "z3x2": ["engine=zero3", "engine.nproc_per_node=2", "train.micro_batch_per_device=4"],
     "acc2": ["engine=zero2", "engine.nproc_per_node=1", "train.micro_batch_per_device=2"],
     "acc8": ["engine=zero2", "engine.nproc_per_node=1", "train.micro_batch_per_device=8"],
+    # ZeRO-Offload (DeepSpeed's CPU AdamW on the CPU copy of the optimizer state) and activation
+    # checkpointing (recomputation in the backward pass): the same update, less GPU memory
+    "offload": ["engine=zero2", "engine.nproc_per_node=1", "train.micro_batch_per_device=8",
+                "engine.offload_optimizer=true", "engine.activation_checkpointing=true"],
 }
 RTOL = 1e-4
 
@@ -92,6 +97,11 @@ def test_two_ranks_match_one_rank(curves, name):
 def test_accumulation_invariance(curves):
     assert_curves_equal(curves("acc2"), curves("acc8"))
     assert_curves_equal(curves("ref"), curves("acc8"))
+
+
+def test_offload_and_activation_checkpointing_give_the_same_update(curves):
+    assert_curves_equal(curves("acc8"), curves("offload"))
+    assert_curves_equal(curves("acc8"), curves("offload"), key="grad_norm")
 
 
 def test_gradient_norm_independent_of_split(curves):
