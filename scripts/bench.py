@@ -245,7 +245,11 @@ def run_trl(args) -> dict:
             cache_implementation="static" if args.peer_cache == "static" else None,
             generation_kwargs={"suppress_tokens": [PAD, BOS, EOS]}, dataloader_num_workers=0, seed=args.seed)
         timer = StepTimer()
-        trainer = GRPOTrainer(model=build_model(args.shape, args.seed), reward_funcs=random_reward, args=config,
+        # TRL loads the policy (and, with beta > 0, the reference) from a directory, as a user's run would
+        model_dir = Path(out_dir) / "model"
+        build_model(args.shape, args.seed).save_pretrained(model_dir)
+        config.model_init_kwargs = {"dtype": args.peer_dtype}
+        trainer = GRPOTrainer(model=str(model_dir), reward_funcs=random_reward, args=config,
                               train_dataset=data, processing_class=tok, callbacks=[timer])
         trainer.train()
     out = summarise("trl", timer.steps[args.warmup:], args, device)
@@ -313,6 +317,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer", choices=["none", "trl"], default="none", help="also run TRL's GRPOTrainer")
     p.add_argument("--peer-cache", choices=["default", "static"], default="default",
                    help="TRL's KV cache: its default (dynamic) or static (its best setting without vLLM)")
+    p.add_argument("--peer-dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                   help="dtype TRL loads the weights in (auto: as saved, fp32; bfloat16: its best setting)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--side", choices=["rlft", "trl"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -343,6 +349,7 @@ def main(argv: list[str]) -> None:
                                               "precision", "cache", "zero_stage", "steps", "warmup", "threads")}
     if args.peer == "trl":
         workload["peer_cache"] = args.peer_cache
+        workload["peer_dtype"] = args.peer_dtype
     print(f"[bench] workload: {json.dumps(workload)}", file=sys.stderr)
     results = [run_side("rlft", resolved)]
     if args.peer == "trl":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU benchmark in one command, for a machine with torch + transformers but no package index:
-# install the carried wheels (../shared/tools/gpu-wheels.sh builds .whl/), then run the default GPU
+# The GPU benchmark in one command. On a machine with torch and transformers but no package index,
+# wheels of the other dependencies placed in .whl/ are installed first. Then it runs the default GPU
 # workload (Qwen2-0.5B shape, bf16, 8 prompts x 8 samples, 128 + 256 tokens) for rlft against TRL's
 # GRPOTrainer with its default cache and with its best non-vLLM setting (static cache).
 # Results (JSON + the printed tables) go to ${OUT:-bench_out}/.
@@ -14,6 +14,6 @@ fi
 export PYTHONPATH=${PYTHONPATH:-$PWD} WANDB_MODE=disabled
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 python3 scripts/bench.py --peer trl --peer-cache default --out "$OUT/bench_trl_default.json" 2>&1 | tee "$OUT/bench_trl_default.txt"
-python3 scripts/bench.py --peer trl --peer-cache static --out "$OUT/bench_trl_static.json" 2>&1 | tee "$OUT/bench_trl_static.txt"
+python3 scripts/bench.py --peer trl --peer-cache static --peer-dtype bfloat16 --out "$OUT/bench_trl_static.json" 2>&1 | tee "$OUT/bench_trl_static.txt"
 python3 scripts/bench.py --cache dynamic --out "$OUT/bench_rlft_dynamic.json" 2>&1 | tee "$OUT/bench_rlft_dynamic.txt"
 python3 scripts/bench.py --kl-coef 0.04 --out "$OUT/bench_rlft_kl.json" 2>&1 | tee "$OUT/bench_rlft_kl.txt"
