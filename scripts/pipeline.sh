@@ -13,6 +13,11 @@ set -euo pipefail
 ALGO=${1:?usage: pipeline.sh <rl-algo: grpo|ppo|p3o|dpo|online_dpo|rft|online_rft> [run-name] [overrides...]}
 RUN=${2:-pipeline}
 shift; shift || true
+case "$ALGO" in
+  grpo|ppo|p3o|dpo|online_dpo|rft|online_rft) ;;
+  *) echo "pipeline.sh: unknown RL algorithm '$ALGO'; valid: grpo, ppo, p3o, dpo, online_dpo, rft, online_rft" >&2
+     exit 2 ;;
+esac
 ROOT=${RUN_ROOT:-runs}/$RUN
 COMMON=(run.name="$RUN" "$@")
 [ -n "${RUN_ROOT:-}" ] && COMMON+=(run.root="$RUN_ROOT")

@@ -63,3 +63,12 @@ def test_interrupted_pipeline_resumes_without_redoing_finished_stages(tmp_path):
 
     third = subprocess.run(cmd, cwd=tmp_path, env=pipeline_env(), capture_output=True, text=True, timeout=600)
     assert third.returncode == 0 and "[pipeline] grpo: complete, skipped" in third.stdout
+
+
+def test_unknown_rl_algorithm_is_refused_before_any_training(tmp_path):
+    proc = subprocess.run(["bash", str(SCRIPT), "ppx", "pipe"], cwd=tmp_path, env=pipeline_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown RL algorithm 'ppx'" in lines[0] and "ppo" in lines[0]
+    assert not (tmp_path / "runs").exists()
