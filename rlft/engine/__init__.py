@@ -154,8 +154,12 @@ class Engine:
             yield self.module
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, ckpt_root: Path, step: int, client_state: dict, keep: int) -> Path:
-        """Resumable state (weights, optimizer, scheduler, client_state) to ckpt_root/step-N, atomically."""
+    def save_checkpoint(self, ckpt_root: Path, step: int, client_state: dict, keep: int,
+                        companions: dict[str, "Engine"] | None = None) -> Path:
+        """Resumable state (weights, optimizer, scheduler, client_state) to ckpt_root/step-N, atomically.
+
+        `companions` (e.g. PPO's critic) are saved in the same checkpoint, under <name>/, before
+        the rename, so a checkpoint either holds every engine or does not exist."""
         final = ckpt_root / f"step-{step:07d}"
         tmp = ckpt_root / f".tmp-step-{step:07d}"
         if self.info.is_main:
@@ -163,6 +167,8 @@ class Engine:
             tmp.mkdir(parents=True)
         dist.barrier()
         self.ds.save_checkpoint(str(tmp), tag="state", client_state=client_state, save_latest=False)
+        for name, engine in (companions or {}).items():
+            engine.ds.save_checkpoint(str(tmp / name), tag="state", client_state={}, save_latest=False)
         dist.barrier()
         if self.info.is_main:
             shutil.rmtree(final, ignore_errors=True)
@@ -172,10 +178,15 @@ class Engine:
         dist.barrier()
         return final
 
-    def load_checkpoint(self, path: Path) -> dict:
-        """Restore a checkpoint written by save_checkpoint; returns its client_state."""
+    def load_checkpoint(self, path: Path, companions: dict[str, "Engine"] | None = None) -> dict:
+        """Restore a checkpoint written by save_checkpoint (and its companions); returns its client_state."""
         _, client_state = self.ds.load_checkpoint(str(path), tag="state", load_optimizer_states=True,
                                                   load_lr_scheduler_states=True)
+        for name, engine in (companions or {}).items():
+            if not (Path(path) / name).is_dir():
+                raise RuntimeError(f"checkpoint {path} has no {name}/ state; it was written without the {name}")
+            engine.ds.load_checkpoint(str(Path(path) / name), tag="state", load_optimizer_states=True,
+                                      load_lr_scheduler_states=True)
         return client_state or {}
 
     def full_state_dict(self) -> dict | None:

@@ -91,16 +91,22 @@ def seed_everything(seed: int) -> None:
 
 def maybe_resume(ctx: StageContext, engine: Engine) -> int:
     """Load the newest checkpoint when resume=true; returns the step to continue from."""
+    return int(resume_state(ctx, engine).get("step", 0))
+
+
+def resume_state(ctx: StageContext, engine: Engine, companions: dict | None = None) -> dict:
+    """Load the newest checkpoint when resume=true (RNG restored, companion engines too); returns
+    its client state ({} when starting fresh): the step and whatever else the stage saved with it."""
     if not ctx.cfg.resume:
-        return 0
+        return {}
     ckpts = list_checkpoints(ctx.ckpt_root)
     if not ckpts:
         dist.print0(f"resume=true but no checkpoint under {ctx.ckpt_root}; starting from step 0")
-        return 0
-    state = engine.load_checkpoint(ckpts[-1])
+        return {}
+    state = engine.load_checkpoint(ckpts[-1], companions)
     set_rng_state(state["rng"])
     dist.print0(f"resumed from {ckpts[-1]} at step {state['step']}")
-    return int(state["step"])
+    return state
 
 
 LossFn = Callable[[torch.nn.Module, list, float], tuple[torch.Tensor, dict]]

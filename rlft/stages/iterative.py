@@ -12,6 +12,10 @@ At the end of iteration k (before iteration k+1 starts):
            is 1; a step of an incorrect one is 1 when any of `algo.prm_label_completions` continuations of
            its prefix, sampled from the current policy, reaches the gold answer;
   3. the reference model is reloaded from iterations/iter-k/policy.
+
+A run resumed inside iteration k >= 1 reloads the reward models and the reference from
+iterations/iter-(k-1)/ (`restore`), and the checkpoint carries iteration k's samples so far, so
+the retraining at the end of iteration k sees the same data as without the interruption.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from omegaconf import OmegaConf
 
 from rlft.data.encode import encode_pair, encode_prompt, encode_steps
 from rlft.engine import Engine, dist, save_hf_dir
+from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout.generate import SamplingConfig, generate, generation_options
@@ -137,6 +142,25 @@ def train_reward_model(stage, kind: str, scorer, examples: list[dict]) -> dict:
     return {f"{kind}_retrain_loss_first": losses[0] if losses else float("nan"),
             f"{kind}_retrain_loss_last": losses[-1] if losses else float("nan"),
             f"{kind}_retrain_examples": len(examples)}
+
+
+def restore(stage, iteration: int, samples_log: list[dict]) -> None:
+    """Resume inside `iteration`: the reward models retrained and the reference reset at the end of
+    iteration - 1 (as saved then), and this iteration's samples so far."""
+    stage.samples_log = list(samples_log)
+    if iteration < 1:
+        return
+    root = stage.ctx.run_dir / "iterations" / f"iter-{iteration - 1}"
+    scorers = dict(stage.rewards.models)
+    if stage.step_prm is not None:
+        scorers["prm"] = stage.step_prm
+    for kind, scorer in scorers.items():
+        if (root / kind).is_dir():  # absent when that iteration had no data for it (unchanged)
+            scorer.model = load_model(stage.cfg.model, str(root / kind), scorer.tokenizer, head=kind)
+            scorer.model.to(scorer.device).eval().requires_grad_(False)
+    if stage.a.kl_coef > 0:
+        stage.ref = stage.load_reference(str(root / "policy"))
+    dist.print0(f"[rlft] resumed in iteration {iteration}: reward models and reference from {root}")
 
 
 def next_iteration(stage, iteration: int) -> dict:

@@ -426,7 +426,17 @@ def run(cfg, ctx: common.StageContext) -> dict:
     steps_per_rollout = a.updates_per_rollout * a.minibatches_per_rollout
     total_rollouts = t.max_steps // steps_per_rollout
     rollouts_per_iteration = total_rollouts // a.iterations
-    start_step = common.maybe_resume(ctx, stage.policy)
+    companions = {"critic": stage.critic} if stage.critic is not None else None
+    resumed = common.resume_state(ctx, stage.policy, companions)
+    start_step = int(resumed.get("step", 0))
+    if "kl_coef" in resumed:  # the adaptive KL controller's value when the checkpoint was written
+        stage.kl_coef = float(resumed["kl_coef"])
+        if stage.kl_ctl is not None:
+            stage.kl_ctl.value = stage.kl_coef
+    if start_step and a.iterations > 1:  # the reward models and reference of the iteration resumed into
+        iterative.restore(stage, (start_step // steps_per_rollout - 1) // rollouts_per_iteration,
+                          resumed.get("samples_log", []))
+        common.set_rng_state(resumed["rng"])  # loading those models may have drawn random numbers
     tracker = common.Tracker(ctx.run_dir, cfg, ctx.info.is_main, t.max_steps, start_step)
     stats, times = Sums(), {"rollout": 0.0, "prepare": 0.0, "update": 0.0}
     summary: dict = {}
@@ -462,8 +472,10 @@ def run(cfg, ctx: common.StageContext) -> dict:
             tracker.log(done, summary)
             stats, times = Sums(), {k: 0.0 for k in times}
         if t.save_every and done % t.save_every == 0 and done != t.max_steps:
-            stage.policy.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": common.rng_state()},
-                                         t.keep_checkpoints)
+            client = {"step": done, "rng": common.rng_state(), "kl_coef": stage.kl_coef}
+            if a.iterations > 1:  # this iteration's samples so far: what the reward models retrain on
+                client["samples_log"] = stage.samples_log
+            stage.policy.save_checkpoint(ctx.ckpt_root, done, client, t.keep_checkpoints, companions)
     final_eval = stage.greedy_accuracy()
     tracker.log(t.max_steps, final_eval)
     summary.update(final_eval)

@@ -1,0 +1,84 @@
+"""An RL stage resumed from a checkpoint ends with the same weights as the uninterrupted run, for
+the state beyond the policy that the run carries:
+
+* PPO: the critic (its own weights and optimizer, saved in the same checkpoint) and the adaptive
+  KL coefficient;
+* iterative GRPO with a PRM reward: the PRM retrained and the reference reset at the end of
+  iteration 0 (reloaded from iterations/iter-0/), resumed inside iteration 1 and exactly at the
+  boundary (where the checkpoint's samples of iteration 0 feed the PRM's retraining).
+
+"Interrupted" here means: the finished run's final/, manifest and newer checkpoints are removed,
+as a crash after that checkpoint would have left it; then `resume=true` runs the rest.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import check_ok, load_safetensors, read_manifest, stage_dir
+from rl_helpers import RL_SMALL, changed_tensors, make_parents, rl_cli
+
+pytestmark = pytest.mark.slow
+
+RUN = "rs"
+PPO = ["algo=ppo", "algo.samples_per_prompt=1", "algo.prompts_per_step=8", "train.micro_batch_per_device=2",
+       "algo.max_new_tokens=16", "algo.eval_every=0", "algo.adaptive_kl=true", "algo.kl_target=0.01",
+       "algo.kl_horizon=100", "train.max_steps=8", "train.save_every=4", "train.lr=1e-3", "algo.critic_lr=1e-3",
+       "reward.functions=[rl_user_reward:alternate]"]
+ITER = ["algo=grpo", *RL_SMALL, "algo.iterations=2", "reward=prm", "train.max_steps=4", "train.save_every=1",
+        "train.lr=1e-3", "algo.rm_steps_per_iteration=2", "algo.eval_every=0"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rl_resume")
+    make_parents(root, RUN, ("sft", "rm", "prm"))
+    return root
+
+
+def run(root, name, args, *extra):
+    check_ok(rl_cli(root, "train", f"run.name={RUN}", f"run.dir=runs/{RUN}/{name}", *args, *extra, timeout=600))
+    return root / "runs" / RUN / name
+
+
+def interrupt_after(stage, step: int) -> None:
+    """Leave the stage as a crash right after checkpoint `step` would."""
+    (stage / "manifest.json").unlink()
+    shutil.rmtree(stage / "final")
+    for ckpt in (stage / "checkpoints").glob("step-*"):
+        if int(ckpt.name.split("-")[1]) > step:
+            shutil.rmtree(ckpt)
+    assert (stage / "checkpoints" / f"step-{step:07d}").is_dir()
+
+
+def test_ppo_resume_restores_the_critic_and_the_adaptive_kl(root):
+    full = run(root, "ppo_full", PPO)
+    part = run(root, "ppo_part", PPO)
+    assert (part / "checkpoints" / "step-0000004" / "critic").is_dir()
+    interrupt_after(part, 4)
+    run(root, "ppo_part", PPO, "resume=true")
+    assert read_manifest(part)["completed"] is True
+    a, b = load_safetensors(full / "final"), load_safetensors(part / "final")
+    assert not changed_tensors(a, b, atol=1e-6), changed_tensors(a, b, atol=1e-6)[:5]
+    ca, cb = load_safetensors(full / "critic"), load_safetensors(part / "critic")
+    assert not changed_tensors(ca, cb, atol=1e-6)
+    assert read_manifest(full)["summary"]["kl_coef"] == pytest.approx(read_manifest(part)["summary"]["kl_coef"])
+    assert read_manifest(full)["summary"]["kl_coef"] != 0.05  # the controller did move it
+
+
+@pytest.mark.parametrize("resume_at", [3, 2])  # inside iteration 1, and at the iteration boundary
+def test_iterative_resume_restores_the_retrained_prm_and_the_reference(root, resume_at):
+    full = root / "runs" / RUN / "iter_full"
+    if not full.exists():
+        run(root, "iter_full", ITER)
+    part = run(root, f"iter_part{resume_at}", ITER)
+    interrupt_after(part, resume_at)
+    if resume_at == 2:  # the boundary: iteration 0's retraining happens after the resume
+        shutil.rmtree(part / "iterations")
+    run(root, f"iter_part{resume_at}", ITER, "resume=true")
+    a, b = load_safetensors(full / "final"), load_safetensors(part / "final")
+    assert not changed_tensors(a, b, atol=1e-6), changed_tensors(a, b, atol=1e-6)[:5]
+    pa = load_safetensors(full / "iterations" / "iter-0" / "prm")
+    pb = load_safetensors(part / "iterations" / "iter-0" / "prm")
+    assert not changed_tensors(pa, pb, atol=1e-6)
