@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from conftest import check_ok, load_safetensors, read_manifest, stage_dir
+from conftest import check_ok, load_safetensors, read_manifest
 from rl_helpers import RL_SMALL, changed_tensors, make_parents, rl_cli
 
 pytestmark = pytest.mark.slow
