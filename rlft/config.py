@@ -105,6 +105,12 @@ class EngineConfig:
     """Generate rows of similar prompt length together (less padding)."""
     generation_pad_multiple: int = 16
     """Left-pad every generation batch to a multiple of this many tokens (few shapes to compile)."""
+    shared_prefix: bool = True
+    """RL updates run each distinct prompt of a micro-batch once and attend its G completions to it
+    (Llama-family models, ZeRO 0-2; elsewhere the plain forward)."""
+    generation_impl: str = "auto"
+    """Sampler: lean (rlft's own decoding loop for Llama-family models) | hf (Hugging Face generate)
+    | auto (lean on CPU where the model allows it, else hf)."""
 
 
 @dataclass
@@ -533,6 +539,7 @@ def validate(cfg) -> None:
     _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
     _check_choice("engine.precision", e.precision, ["fp32", "bf16"])
     _check_choice("engine.generation_cache", e.generation_cache, ["static", "dynamic"])
+    _check_choice("engine.generation_impl", e.generation_impl, ["auto", "lean", "hf"])
     _check_choice("engine.backend", e.backend, ["auto", "gloo", "nccl"])
     _check_choice("engine.device", e.device, ["auto", "cpu", "cuda"])
     _check_choice("train.lr_schedule", t.lr_schedule, ["cosine", "linear", "constant"])

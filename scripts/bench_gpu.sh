@@ -15,5 +15,7 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} WANDB_MODE=disabled
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 python3 scripts/bench.py --peer trl --peer-cache default --out "$OUT/bench_trl_default.json" 2>&1 | tee "$OUT/bench_trl_default.txt"
 python3 scripts/bench.py --peer trl --peer-cache static --peer-dtype bfloat16 --out "$OUT/bench_trl_static.json" 2>&1 | tee "$OUT/bench_trl_static.txt"
-python3 scripts/bench.py --cache dynamic --out "$OUT/bench_rlft_dynamic.json" 2>&1 | tee "$OUT/bench_rlft_dynamic.txt"
+python3 scripts/bench.py --generation-impl lean --out "$OUT/bench_rlft_lean.json" 2>&1 | tee "$OUT/bench_rlft_lean.txt"
+python3 scripts/bench.py --shared-prefix false --out "$OUT/bench_rlft_plain_update.json" 2>&1 | tee "$OUT/bench_rlft_plain_update.txt"
+python3 scripts/bench.py --cache dynamic --generation-impl hf --out "$OUT/bench_rlft_dynamic.json" 2>&1 | tee "$OUT/bench_rlft_dynamic.txt"
 python3 scripts/bench.py --kl-coef 0.04 --out "$OUT/bench_rlft_kl.json" 2>&1 | tee "$OUT/bench_rlft_kl.txt"

@@ -72,6 +72,17 @@ def make_optimizer(params, t, offload: bool) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, **kwargs)
 
 
+def shared_prefix_reason(cfg, model) -> str | None:
+    """Why the update cannot run each distinct prompt once (rollout/prefix.py); None when it can."""
+    from rlft.rollout.lean import unsupported
+
+    if cfg.engine.zero_stage == 3:
+        return "ZeRO-3 (the forward reads whole parameters)"
+    if getattr(model.config, "attention_dropout", 0.0):
+        return "attention dropout"
+    return unsupported(model)
+
+
 class Engine:
     """A model under DeepSpeed, with or without an optimizer (frozen models: trainable=False)."""
 
@@ -104,6 +115,8 @@ class Engine:
             self.ds = model.to(device=self.info.device, dtype=dtype)
             self.optimizer = self.scheduler = None
         self.ds.train(trainable)
+        self.shared_prefix = trainable and cfg.engine.shared_prefix and shared_prefix_reason(cfg, self.module) is None
+        self.checkpoint_layers = cfg.engine.activation_checkpointing
 
     # ------------------------------------------------------------------ training
     @property

@@ -5,9 +5,11 @@ layout the group-normalised advantages expect. A completion keeps its first EOS 
 policy took) and nothing after it; one that reaches max_new_tokens without EOS is truncated.
 
 Speed (engine.generation_*): rows are generated in batches of similar prompt length (prompt
-bucketing: less left padding), each batch padded to a multiple of `pad_multiple` tokens so that
-only a few shapes occur, with a static KV cache, whose decoding step Hugging Face compiles on a
-GPU (torch.compile + CUDA graphs), or the dynamic cache (the plain path).
+bucketing: less left padding). Each batch then runs either the lean sampler (rlft/rollout/lean.py:
+Llama-family models, the prompt prefilled once per distinct prompt, a preallocated cache, no
+per-step framework overhead; the default on CPU) or Hugging Face's `generate`, padded to a
+multiple of `pad_multiple` tokens so that only a few shapes occur, with a static KV cache whose
+decoding step Hugging Face compiles on a GPU (torch.compile + CUDA graphs), or the dynamic cache.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from rlft.data.encode import collate_padded
+from rlft.rollout.lean import lean_generate, unsupported
 
 
 @dataclass
@@ -29,16 +32,34 @@ class SamplingConfig:
     cache: str = "static"  # static | dynamic KV cache
     compile: bool = True  # compile the static-cache decoding step (GPU)
     bucket: bool = True  # batch rows of similar prompt length together
-    pad_multiple: int = 16  # left-pad each batch's prompts to a multiple of this many tokens
+    pad_multiple: int = 16  # left-pad each batch's prompts to a multiple of this many tokens (Hugging Face path)
+    impl: str = "auto"  # lean | hf | auto (lean where the model allows it, on CPU)
 
 
 GENERATION_CACHES = ("static", "dynamic")
+GENERATION_IMPLS = ("auto", "lean", "hf")
 
 
 def generation_options(engine_cfg) -> dict:
     """SamplingConfig's speed fields from the engine config (engine.generation_*)."""
     return dict(cache=engine_cfg.generation_cache, compile=engine_cfg.generation_compile,
-                bucket=engine_cfg.generation_bucket, pad_multiple=engine_cfg.generation_pad_multiple)
+                bucket=engine_cfg.generation_bucket, pad_multiple=engine_cfg.generation_pad_multiple,
+                impl=engine_cfg.generation_impl)
+
+
+def use_lean(model, sampling: SamplingConfig, device: torch.device, total_len: int) -> bool:
+    """Whether this batch takes the lean sampler: always with impl=lean (an error when the model
+    cannot), never with hf; auto takes it on CPU for the models it supports. (On a GPU, auto keeps
+    Hugging Face's compiled static-cache path.)"""
+    if sampling.impl == "hf":
+        return False
+    reason = unsupported(model, total_len)
+    if sampling.impl == "lean":
+        if reason:
+            raise ValueError(f"engine.generation_impl=lean cannot sample from this model: {reason}; "
+                             "use engine.generation_impl=hf (or auto)")
+        return True
+    return reason is None and device.type == "cpu"
 
 
 @dataclass
@@ -72,6 +93,12 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], samples_per_prompt: 
     for start in range(0, len(rows), sampling.batch_size):
         chunk = order[start:start + sampling.batch_size]
         ids, attn = collate_padded([rows[k][1] for k in chunk], pad, side="left")
+        if use_lean(model, sampling, device, ids.shape[1] + sampling.max_new_tokens):
+            new = lean_generate(model, ids.to(device), attn.to(device), sampling.max_new_tokens, sampling.do_sample,
+                                sampling.temperature, sampling.top_k, sampling.top_p, eos, pad)
+            for k, row in zip(chunk, new.tolist()):
+                results[k] = cut_at_eos(row, eos, pad)
+            continue
         ids, attn = left_pad_to_multiple(ids, attn, pad, sampling.pad_multiple)
         kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.do_sample,
                       pad_token_id=pad, eos_token_id=eos, use_cache=True)

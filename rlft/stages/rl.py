@@ -37,6 +37,7 @@ from rlft.rewards.scoring import RewardSet
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import SamplingConfig, generate, generation_options
 from rlft.rollout.logprobs import batched_token_logp, forward_logits, response_start, selective_logp
+from rlft.rollout.prefix import prefix_layout, shared_prefix_logits, to_target_columns
 from rlft.stages import common, inputs, iterative
 
 
@@ -203,16 +204,25 @@ class RLStage:
 def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float):
     """One micro-batch of the rollout through the policy (with grad), trimmed to its longest row
     and, for the logits, to the target columns from its first response token on:
-    (ids, attention mask, cols, response mask, logits, per-token log-probs). `cols` selects those
-    columns from any [N, L-1] rollout tensor (old/ref log-probs, advantages, values)."""
+    (ids, attention mask, cols, response mask, token entropy (no grad), per-token log-probs).
+    `cols` selects those columns from any [N, L-1] rollout tensor (old/ref log-probs, advantages,
+    values). With `engine.shared_prefix`, rows that share a prompt run it once (rollout/prefix.py)."""
     dev = policy.device
     width = int(ro.attention_mask[sl].sum(-1).max())
     ids, attn = ro.input_ids[sl, :width].to(dev), ro.attention_mask[sl, :width].to(dev)
     start = response_start(ro.mask[sl, :width - 1])
     cols = slice(start, width - 1)
     mask = ro.mask[sl, cols].to(dev)
+    layout = prefix_layout(ids, attn, ro.prompt_lens[sl]) if policy.shared_prefix else None
+    if layout is not None and layout.shares:
+        logits, targets, valid = shared_prefix_logits(policy.module, ids, layout,
+                                                      activation_checkpointing=policy.checkpoint_layers)
+        if temperature != 1.0:
+            logits = logits / temperature
+        place = lambda v: to_target_columns(v, valid, layout, start, width - 1 - start)  # noqa: E731
+        return ids, attn, cols, mask, place(entropy(logits.detach())), place(selective_logp(logits, targets))
     logits = forward_logits(policy, ids, attn, start, temperature)
-    return ids, attn, cols, mask, logits, selective_logp(logits, ids[:, start + 1:])
+    return ids, attn, cols, mask, entropy(logits.detach()), selective_logp(logits, ids[:, start + 1:])
 
 
 def epoch_rollout(ro: rb.Rollout, a, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
@@ -244,7 +254,7 @@ def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Roll
             denom = global_denominator(ro.mask[start:start + per_mb], a.max_new_tokens)
             for m in range(start, start + per_mb, micro):
                 sl = slice(m, m + micro)
-                ids, attn, cols, mask, logits, logp = micro_forward(policy, ro, sl, a.temperature)
+                ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, a.temperature)
                 old = ro.old_logp[sl, cols].to(dev) if ro.old_logp is not None else None
                 loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, cols].to(dev), mask, pl_cfg)
                 tokens = mask.sum().item()
@@ -265,7 +275,7 @@ def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Roll
                     stats.add("vf_explained_var", vm["vf_explained_var"].item() * tokens, tokens)
                     stats.add("vf_clipfrac", vm["vf_clipfrac"].item() * tokens, tokens)
                 stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
-                stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens)
+                stats.add("entropy", masked_sum_f(ent, mask), tokens)
 
 
 def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int) -> list[int]:
@@ -325,7 +335,7 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
             denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(a.max_new_tokens))
             for r in range(start, start + per_mb, micro):
                 sl, pl = slice(r, r + micro), slice(r // 2, (r + micro) // 2)
-                ids, attn, cols, mask, logits, logp = micro_forward(policy, ro, sl, a.temperature)
+                ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, a.temperature)
                 old = ro.old_logp[sl, cols].to(dev)
                 if a.pairwise_loss == "dpo":
                     diff = (ro.pair_scores[pl, 0] - ro.pair_scores[pl, 1]).to(dev)
@@ -351,7 +361,7 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
                 stats.add("is_weight", metrics["is_weight_mean"].item() * n_pairs, n_pairs)
                 stats.add("delta_abs", float(delta.abs().sum()), n_pairs)
                 tokens_here = mask.sum().item()
-                stats.add("entropy", masked_sum_f(entropy(logits.detach()), mask), tokens_here)
+                stats.add("entropy", masked_sum_f(ent, mask), tokens_here)
                 if ro.ref_logp is not None:
                     kl = ro.old_logp[sl, cols].to(dev) - ro.ref_logp[sl, cols].to(dev)
                     stats.add("kl", masked_sum_f(kl, mask), tokens_here)

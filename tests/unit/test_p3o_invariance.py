@@ -26,6 +26,8 @@ SHIFT = [5.0, 5.0, -3.0, -3.0]  # a different constant for each prompt
 class SGDEngine:
     """The slice of rlft.engine.Engine the update functions use, over a plain module and SGD."""
 
+    shared_prefix, checkpoint_layers = True, False  # pairs share their prompt: the shared-prefix forward
+
     def __init__(self, model):
         self.module, self.device = model, torch.device("cpu")
         self.opt = torch.optim.SGD(model.parameters(), lr=0.5)

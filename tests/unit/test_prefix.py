@@ -1,0 +1,75 @@
+"""The shared-prefix forward against the plain Hugging Face forward.
+
+Tolerance (fp32): completion log-probs equal to 1e-5 and parameter gradients of a loss on them
+equal to 1e-5 relative to the largest, for groups of unequal size, prompts of different lengths,
+completions of different lengths (one empty), with and without activation checkpointing."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlft.rollout import batch as rb
+from rlft.rollout.logprobs import response_start, token_logp
+from rlft.rollout.prefix import prefix_layout, shared_prefix_logits, to_target_columns
+from rlft.stages import rl
+from lean_models import TOK, build
+
+PROMPTS = ["Q: 1+2?\nA:", "Q: what is 12 times 7, minus 3?\nA:", "Q: 5?\nA:"]
+
+
+def batch():
+    """Rows: prompt 0 x3, prompt 1 x2, prompt 2 x1, prompt 0 again (not adjacent)."""
+    prompts = [TOK(t, add_special_tokens=False)["input_ids"] for t in PROMPTS]
+    which = [0, 0, 0, 1, 1, 2, 0]
+    g = torch.Generator().manual_seed(3)
+    lens = [5, 9, 1, 7, 0, 12, 3]
+    comps = [torch.randint(3, len(TOK), (n,), generator=g).tolist() for n in lens]
+    ids, attn, mask = rb.build_sequences([prompts[w] for w in which], comps, TOK.pad_token_id)
+    return ids, attn, mask, [len(prompts[w]) for w in which]
+
+
+def plain_and_shared(model, temperature=1.0, checkpointing=False):
+    ids, attn, mask, plens = batch()
+    start = response_start(mask)
+    plain = token_logp(model, ids, attn, temperature, start)[:, start:]
+    layout = prefix_layout(ids, attn, plens)
+    assert layout.shares and len(layout.distinct) == 3 and layout.group == [0, 0, 0, 1, 1, 2, 0]
+    logits, targets, valid = shared_prefix_logits(model, ids, layout, activation_checkpointing=checkpointing)
+    logp = rl.selective_logp(logits / temperature, targets)
+    shared = to_target_columns(logp, valid, layout, start, ids.shape[1] - 1 - start)
+    return plain, shared, mask[:, start:].bool()
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-gqa-untied", "qwen2", "qwen3"])
+def test_completion_log_probs_and_gradients_equal_the_plain_forward(name):
+    model = build(name)
+    model.train()
+    plain, shared, mask = plain_and_shared(model, temperature=0.7)
+    torch.testing.assert_close(shared[mask], plain[mask], atol=1e-5, rtol=0)
+    assert (shared[~mask] == 0).all()
+    grads = []
+    for logp in (plain, shared):
+        model.zero_grad()
+        (logp * mask * torch.linspace(-1, 1, logp.shape[1])).sum().backward(retain_graph=True)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    scale = grads[0].abs().max()
+    torch.testing.assert_close(grads[1] / scale, grads[0] / scale, atol=1e-5, rtol=0)
+
+
+def test_activation_checkpointing_gives_the_same_values_and_gradients():
+    model = build("qwen2")
+    model.train()
+    _, a, mask = plain_and_shared(model)
+    _, b, _ = plain_and_shared(model, checkpointing=True)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    ga = torch.autograd.grad((a * mask).sum(), list(model.parameters()))
+    gb = torch.autograd.grad((b * mask).sum(), list(model.parameters()))
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
+
+
+def test_layout_without_repeated_prompts_does_not_share():
+    ids, attn, _, plens = batch()
+    layout = prefix_layout(ids[3:6], attn[3:6], plens[3:6])
+    assert layout.group == [0, 0, 1] and layout.shares
+    assert not prefix_layout(ids[4:6], attn[4:6], plens[4:6]).shares
