@@ -129,8 +129,7 @@ def run_rlft(args) -> dict:
     from rlft.engine import Engine, dist
     from rlft.rollout import batch as rb
     from rlft.rollout.generate import SamplingConfig, generate, generation_options
-    from rlft.rollout.logprobs import batched_token_logp
-    from rlft.stages.rl import Sums, advantage_config, update_policy
+    from rlft.stages.rl import Sums, advantage_config, rollout_logp, update_policy
 
     cfg = rlft_config(args)
     info = dist.init(cfg.engine)
@@ -161,7 +160,7 @@ def run_rlft(args) -> dict:
                         completion_ids=gens.completion_ids, input_ids=ids, attention_mask=attn, mask=mask,
                         truncated=torch.tensor(gens.truncated), prompt_lens=[len(prompts[i]) for i in gens.prompt_index])
         if ref is not None:
-            ro.ref_logp = batched_token_logp(ref, ids.to(device), attn.to(device), micro, 1.0, mask)
+            ro.ref_logp = rollout_logp(ref, ro, micro, 1.0)
         g = torch.Generator().manual_seed(args.seed + step)
         ro.scores = torch.rand(n, generator=g, dtype=torch.float64)
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=args.samples, ref_logp=ro.ref_logp)

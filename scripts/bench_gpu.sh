@@ -2,7 +2,9 @@
 # The GPU benchmark in one command. On a machine with torch and transformers but no package index,
 # wheels of the other dependencies placed in .whl/ are installed first. Then it runs the default GPU
 # workload (Qwen2-0.5B shape, bf16, 8 prompts x 8 samples, 128 + 256 tokens) for rlft against TRL's
-# GRPOTrainer with its default cache and with its best non-vLLM setting (static cache).
+# GRPOTrainer with its default cache and with its best non-vLLM setting (static cache), then rlft
+# alone with the lean sampler (the GPU default is Hugging Face's compiled static cache), with the
+# plain update forward (no shared prefix), with the dynamic cache, and with a reference model.
 # Results (JSON + the printed tables) go to ${OUT:-bench_out}/.
 set -uo pipefail
 OUT=${OUT:-bench_out}

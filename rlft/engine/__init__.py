@@ -115,7 +115,7 @@ class Engine:
             self.ds = model.to(device=self.info.device, dtype=dtype)
             self.optimizer = self.scheduler = None
         self.ds.train(trainable)
-        self.shared_prefix = trainable and cfg.engine.shared_prefix and shared_prefix_reason(cfg, self.module) is None
+        self.shared_prefix = cfg.engine.shared_prefix and shared_prefix_reason(cfg, self.module) is None
         self.checkpoint_layers = cfg.engine.activation_checkpointing
 
     # ------------------------------------------------------------------ training

@@ -153,9 +153,9 @@ class RLStage:
         ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
         reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward" or a.pairwise
         if reuse:
-            ro.old_logp = batched_token_logp(self.policy, ids, attn, micro, a.temperature, ro.mask)
+            ro.old_logp = rollout_logp(self.policy, ro, micro, a.temperature)
         if self.ref is not None:
-            ro.ref_logp = batched_token_logp(self.ref, ids, attn, micro, a.temperature, ro.mask)
+            ro.ref_logp = rollout_logp(self.ref, ro, micro, a.temperature)
         if self.critic is not None:
             ro.values = batched_values(self.critic, ids, attn, micro)
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=a.samples_per_prompt,
@@ -199,6 +199,28 @@ class RLStage:
         correct = sum(answers_match(extract_answer(t), gold_answer(r["answer"])) for t, r in zip(gens.texts, shard))
         correct, total = dist.all_reduce_sum([float(correct), float(len(shard))])
         return {"eval_greedy_accuracy": correct / max(total, 1.0)}
+
+
+@torch.no_grad()
+def rollout_logp(engine: Engine, ro: rb.Rollout, micro: int, temperature: float) -> torch.Tensor:
+    """Per-token log-probs [N, L-1] of the rollout's sequences under `engine` (old or reference),
+    micro-batch by micro-batch. With `engine.shared_prefix` a micro-batch's distinct prompts run
+    once, and its positions outside the completions are 0 (they are masked everywhere)."""
+    dev = engine.device
+    ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
+    if not engine.shared_prefix:
+        return batched_token_logp(engine, ids, attn, micro, temperature, ro.mask)
+    out = []
+    for m in range(0, len(ro), micro):
+        sl = slice(m, m + micro)
+        layout = prefix_layout(ids[sl], attn[sl], ro.prompt_lens[sl])
+        if not layout.shares:
+            out.append(batched_token_logp(engine, ids[sl], attn[sl], micro, temperature, ro.mask[sl]))
+            continue
+        logits, targets, valid = shared_prefix_logits(engine.module, ids[sl], layout)
+        logp = selective_logp(logits / temperature if temperature != 1.0 else logits, targets)
+        out.append(to_target_columns(logp, valid, layout, 0, ids.shape[1] - 1))
+    return torch.cat(out)
 
 
 def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float):

@@ -73,3 +73,28 @@ def test_layout_without_repeated_prompts_does_not_share():
     layout = prefix_layout(ids[3:6], attn[3:6], plens[3:6])
     assert layout.group == [0, 0, 1] and layout.shares
     assert not prefix_layout(ids[4:6], attn[4:6], plens[4:6]).shares
+
+
+def test_rollout_log_probs_of_old_and_reference_equal_the_plain_scoring():
+    """rl.rollout_logp with the shared prefix (engine.shared_prefix) against the plain forward,
+    micro-batch by micro-batch, on the response positions."""
+    model = build("qwen2")
+    ids, attn, mask, plens = batch()
+    ro = rb.Rollout(rows=[{}] * 7, prompt_texts=[""] * 7, completions=[""] * 7, completion_ids=[[]] * 7,
+                    input_ids=ids, attention_mask=attn, mask=mask, truncated=torch.zeros(7, dtype=torch.bool),
+                    prompt_lens=plens)
+
+    class Frozen:
+        module, device, checkpoint_layers = model, torch.device("cpu"), False
+
+        def __init__(self, shared):
+            self.shared_prefix = shared
+
+        def __call__(self, **kwargs):
+            return model(**kwargs)
+
+    plain = rl.rollout_logp(Frozen(False), ro, 3, 0.8)
+    shared = rl.rollout_logp(Frozen(True), ro, 3, 0.8)
+    on = mask.bool()
+    torch.testing.assert_close(shared[on], plain[on], atol=1e-5, rtol=0)
+    assert shared.shape == plain.shape and (shared[:6][~on[:6]] == 0).all()  # the last micro-batch shares nothing
