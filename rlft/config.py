@@ -100,7 +100,8 @@ class EngineConfig:
     generation_cache: str = "static"
     """KV cache for sampling: static (preallocated; its decoding step is compiled on a GPU) | dynamic."""
     generation_compile: bool = True
-    """Compile the static-cache decoding step (torch.compile + CUDA graphs; GPU only)."""
+    """GPU only: compile Hugging Face's static-cache decoding step (torch.compile + CUDA graphs), or
+    replay the lean sampler's decoding step from a CUDA graph."""
     generation_bucket: bool = True
     """Generate rows of similar prompt length together (less padding)."""
     generation_pad_multiple: int = 16

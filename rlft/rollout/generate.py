@@ -30,7 +30,7 @@ class SamplingConfig:
     top_k: int = 0
     batch_size: int = 64
     cache: str = "static"  # static | dynamic KV cache
-    compile: bool = True  # compile the static-cache decoding step (GPU)
+    compile: bool = True  # GPU: compile HF's static-cache decoding step; the lean sampler's step as a CUDA graph
     bucket: bool = True  # batch rows of similar prompt length together
     pad_multiple: int = 16  # left-pad each batch's prompts to a multiple of this many tokens (Hugging Face path)
     impl: str = "auto"  # lean | hf | auto (lean where the model allows it, on CPU)
@@ -95,7 +95,8 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], samples_per_prompt: 
         ids, attn = collate_padded([rows[k][1] for k in chunk], pad, side="left")
         if use_lean(model, sampling, device, ids.shape[1] + sampling.max_new_tokens):
             new = lean_generate(model, ids.to(device), attn.to(device), sampling.max_new_tokens, sampling.do_sample,
-                                sampling.temperature, sampling.top_k, sampling.top_p, eos, pad)
+                                sampling.temperature, sampling.top_k, sampling.top_p, eos, pad,
+                                cuda_graph=sampling.compile)
             for k, row in zip(chunk, new.tolist()):
                 results[k] = cut_at_eos(row, eos, pad)
             continue

@@ -115,14 +115,21 @@ def head_logits(model, h: torch.Tensor) -> torch.Tensor:
 
 
 class LeanDecoder:
-    """One batch of sampling: prefill, then one token per step into a preallocated cache."""
+    """One batch of sampling: prefill, then one token per step into a preallocated cache.
+
+    `step` attends to the filled columns only (shapes change every step: the fast eager path).
+    `fixed_step` is the same computation with fixed shapes (every column, masked; the new column
+    chosen by a device tensor), which a CUDA graph can capture and replay; `FixedStepGraph` does
+    that on a GPU."""
 
     def __init__(self, model, batch: int, max_len: int, device: torch.device):
         self.model, self.body, self.arch = model, model.model, Arch(model)
         dtype = self.body.embed_tokens.weight.dtype
         shape = (batch, self.arch.kv_heads, max_len, self.arch.head_dim)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.body.layers]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.body.layers]
+        # zeros, not empty: the fixed-shape step reads unfilled columns (masked, weight 0, but
+        # garbage such as NaN would survive 0 * NaN)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
         self.length = 0  # cache columns filled
         # rotary cos/sin of every position this batch can reach, looked up per decoding step
         self.cos, self.sin = rotary_table(model, max_len, dtype, device)
@@ -168,6 +175,53 @@ class LeanDecoder:
         return self._logits(x[:, -1])
 
 
+    def fixed_step(self, tokens: torch.Tensor, positions: torch.Tensor, column: torch.Tensor,
+                   visible: torch.Tensor) -> torch.Tensor:
+        """`step` with fixed shapes: tokens, positions [B]; column [1] (long, on the device) is the
+        cache column to fill; visible [B, L] (bool) is updated in place to include it. Attends over
+        every column, masked. No host synchronisation and no shape that changes between steps."""
+        x = self.body.embed_tokens(tokens[:, None])
+        cos = self.cos.index_select(0, positions)[:, None, None]
+        sin = self.sin.index_select(0, positions)[:, None, None]
+        visible.index_fill_(1, column, True)
+        mask = visible[:, None, None, :]
+        for i, layer in enumerate(self.body.layers):
+            q, k, v = project_qkv(self.arch, layer, x, cos, sin)
+            self.keys[i].index_copy_(2, column, k)
+            self.values[i].index_copy_(2, column, v)
+            x = attend_and_mlp(self.arch, layer, x, q, self.keys[i], self.values[i], mask)
+        return self._logits(x[:, -1])
+
+
+class FixedStepGraph:
+    """LeanDecoder.fixed_step captured once in a CUDA graph and replayed for every token (one
+    launch per step instead of one per operation). Inputs are copied into static buffers."""
+
+    def __init__(self, decoder: LeanDecoder, visible: torch.Tensor, first_column: int):
+        B, device = visible.shape[0], visible.device
+        self.decoder, self.visible = decoder, visible
+        self.tokens = torch.zeros(B, dtype=torch.long, device=device)
+        self.positions = torch.zeros(B, dtype=torch.long, device=device)
+        self.column = torch.full((1,), first_column, dtype=torch.long, device=device)
+        saved = visible.clone()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up outside the graph (allocator, kernels' lazy set-up)
+            decoder.fixed_step(self.tokens, self.positions, self.column, visible)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = decoder.fixed_step(self.tokens, self.positions, self.column, visible)
+        visible.copy_(saved)  # the warm-up and capture wrote column `first_column`; its real step rewrites it
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        self.column.fill_(column)
+        self.graph.replay()
+        return self.logits
+
+
 def rotary_table(model, length: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [length, D] of positions 0..length-1, from the model's own rotary embedding."""
     cos, sin = model.model.rotary_emb(torch.empty(0, dtype=dtype, device=device),
@@ -206,9 +260,11 @@ def distinct_rows(ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, 
 
 @torch.no_grad()
 def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, do_sample: bool,
-                  temperature: float, top_k: int, top_p: float, eos_id: int, pad_id: int) -> torch.Tensor:
+                  temperature: float, top_k: int, top_p: float, eos_id: int, pad_id: int,
+                  cuda_graph: bool = False) -> torch.Tensor:
     """New tokens [B, <= max_new_tokens] for the left-padded prompts `ids`/`attn`, PAD after a row's
-    EOS (Hugging Face generate's output past the prompt). Stops when every row has ended."""
+    EOS (Hugging Face generate's output past the prompt). Stops when every row has ended.
+    `cuda_graph` (CUDA devices only): decode with the fixed-shape step replayed from a CUDA graph."""
     B, P = ids.shape
     device = ids.device
     decoder = LeanDecoder(model, B, P + max_new_tokens, device)
@@ -220,6 +276,12 @@ def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: 
         key_mask = torch.ones(B, P + max_new_tokens, dtype=torch.bool, device=device)
         key_mask[:, :P] = attn.bool()
     positions = attn.long().sum(-1)  # the next token's position: real tokens so far
+    step = lambda tok, s: decoder.step(tok, positions + s, key_mask)  # noqa: E731
+    if cuda_graph and device.type == "cuda" and max_new_tokens > 1:
+        visible = torch.zeros(B, P + max_new_tokens, dtype=torch.bool, device=device)
+        visible[:, :P] = attn.bool()
+        graph = FixedStepGraph(decoder, visible, P)
+        step = lambda tok, s: graph.step(tok, positions + s, P + s)  # noqa: E731
     suppress = list(getattr(model.generation_config, "suppress_tokens", None) or [])
     warpers = logits_warpers(temperature, top_k, top_p) if do_sample else []
     out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -235,5 +297,5 @@ def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: 
         done |= token == eos_id
         if bool(done.all()) or s == max_new_tokens - 1:
             return out[:, :s + 1]
-        logits = decoder.step(token, positions + s, key_mask)
+        logits = step(token, s)
     return out

@@ -78,6 +78,29 @@ def test_bf16_models_match_hugging_face_to_bf16_rounding(name):
     torch.testing.assert_close(got, ref, atol=2e-2, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen3"])
+def test_fixed_shape_step_equals_the_teacher_forced_forward(name):
+    """The CUDA-graph step (fixed shapes: every cache column, masked; the column to fill a device
+    tensor) run eagerly gives the same next-token log-probs as the forward, to 1e-5."""
+    model = build(name)
+    _, ids, attn = left_padded()
+    cont = torch.randint(3, len(TOK), (ids.shape[0], 10), generator=torch.Generator().manual_seed(2))
+    full, full_attn = torch.cat([ids, cont], 1), torch.cat([attn, torch.ones_like(cont)], 1)
+    with torch.no_grad():
+        ref = model(input_ids=full, attention_mask=full_attn).logits.float().log_softmax(-1)[:, ids.shape[1] - 1:-1]
+        B, P = ids.shape
+        decoder = LeanDecoder(model, B, P + cont.shape[1], ids.device)
+        steps = [decoder.prefill(*distinct_rows(ids, attn))]
+        visible = torch.zeros(B, P + cont.shape[1], dtype=torch.bool)
+        visible[:, :P] = attn.bool()
+        column = torch.zeros(1, dtype=torch.long)
+        for s in range(cont.shape[1] - 1):
+            column.fill_(P + s)
+            steps.append(decoder.fixed_step(cont[:, s], attn.sum(-1) + s, column, visible))
+    torch.testing.assert_close(torch.stack(steps, 1).log_softmax(-1), ref, atol=1e-5, rtol=0)
+    assert torch.equal(visible[:, :P], attn.bool()) and visible[:, P:-1].all() and not visible[:, -1].any()
+
+
 def test_gumbel_sampling_draws_from_the_softmax():
     logits = torch.tensor([[2.0, 0.0, -1.0, -float("inf")]]).expand(200_000, 4)
     torch.manual_seed(0)
@@ -135,3 +158,16 @@ def test_unsupported_models_fall_back_or_fail_with_the_reason():
     llama = build("llama")
     llama.model.layers[0].mlp.up_proj = torch.nn.Sequential(llama.model.layers[0].mlp.up_proj)
     assert "Sequential" in unsupported(llama)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run by scripts/bench_gpu.sh)")
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_cuda_graph_decoding_equals_eager_decoding(name):
+    model = build(name).cuda()
+    _, ids, attn = left_padded()
+    ids, attn = ids.cuda(), attn.cuda()
+    args = (model, ids, attn, 24, False, 1.0, 0, 1.0, TOK.eos_token_id, TOK.pad_token_id)
+    assert torch.equal(lean_generate(*args, cuda_graph=True), lean_generate(*args, cuda_graph=False))
+    ref = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=24, do_sample=False,
+                         pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id)[:, ids.shape[1]:]
+    assert torch.equal(lean_generate(*args, cuda_graph=True), ref)
