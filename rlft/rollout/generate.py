@@ -38,6 +38,8 @@ class SamplingConfig:
 
 GENERATION_CACHES = ("static", "dynamic")
 GENERATION_IMPLS = ("auto", "lean", "hf")
+DISTRIBUTION_NEUTRAL = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_repetition_penalty=1.0,
+                            min_new_tokens=None, min_length=0, bad_words_ids=None, sequence_bias=None)
 
 
 def generation_options(engine_cfg) -> dict:
@@ -101,8 +103,11 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], samples_per_prompt: 
                 results[k] = cut_at_eos(row, eos, pad)
             continue
         ids, attn = left_pad_to_multiple(ids, attn, pad, sampling.pad_multiple)
+        # the checkpoint's own sampling extras that reshape the distribution (a chat model's
+        # repetition penalty, n-gram blocking) are switched off: samples come from the policy's
+        # distribution at the configured temperature / top-k / top-p, the one its log-probs describe
         kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.do_sample,
-                      pad_token_id=pad, eos_token_id=eos, use_cache=True)
+                      pad_token_id=pad, eos_token_id=eos, use_cache=True, **DISTRIBUTION_NEUTRAL)
         if sampling.cache == "static":
             kwargs.update(cache_implementation="static", disable_compile=not sampling.compile)
         if sampling.do_sample:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from lean_models import MODELS, SPECIAL, TOK, build
-from rlft.rollout.generate import SamplingConfig, generate, use_lean
+from rlft.rollout.generate import SamplingConfig, cut_at_eos, generate, use_lean
 from rlft.rollout.lean import LeanDecoder, distinct_rows, gumbel_sample, lean_generate, unsupported
 
 TEXTS = ["Q: 1+2?\nA:", "Q: what is 12 times 7, minus 3?\nA:", "Q: 5?\nA:", "Q: 1+2?\nA:"]
@@ -143,6 +143,24 @@ def test_generate_takes_the_lean_path_on_cpu_and_matches_the_hugging_face_path()
     assert use_lean(model, SamplingConfig(impl="auto"), torch.device("cpu"), 64)
     assert not use_lean(model, SamplingConfig(impl="auto"), torch.device("meta"), 64)
     assert not use_lean(model, SamplingConfig(impl="hf"), torch.device("cpu"), 64)
+
+
+def test_both_paths_ignore_the_checkpoints_distribution_changing_extras():
+    """A chat checkpoint's repetition penalty or n-gram blocking would make samples come from
+    another distribution than the policy's; neither path applies them."""
+    model = build("llama")
+    prompts, _, _ = left_padded()
+    plain = generate(model, TOK, prompts, 1, SamplingConfig(30, False, batch_size=4, impl="hf"))
+    model.generation_config.repetition_penalty = 5.0
+    model.generation_config.no_repeat_ngram_size = 2
+    for impl in ("hf", "lean"):
+        got = generate(model, TOK, prompts, 1, SamplingConfig(30, False, batch_size=4, impl=impl))
+        assert got.completion_ids == plain.completion_ids
+    first = torch.tensor([prompts[0]])
+    penalised = model.generate(input_ids=first, attention_mask=torch.ones_like(first), max_new_tokens=30,
+                               do_sample=False, pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id)
+    new = cut_at_eos(penalised[0, first.shape[1]:].tolist(), TOK.eos_token_id, TOK.pad_token_id)[0]
+    assert new != plain.completion_ids[0]  # left on, the extras do change Hugging Face's output
 
 
 def test_unsupported_models_fall_back_or_fail_with_the_reason():
