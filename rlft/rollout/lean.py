@@ -11,7 +11,9 @@ from the model's own `rotary_emb`, grouped-query SDPA attention, SwiGLU), with:
 - a KV cache allocated once per batch, attended up to the current length only;
 - sampling by the Gumbel-max trick on the processed logits (exactly a draw from softmax(logits),
   without torch.multinomial's slow exponential draws); temperature, top-k and top-p by Hugging
-  Face's own logits warpers, the model's `generation_config.suppress_tokens` honoured.
+  Face's own logits warpers, the model's `generation_config.suppress_tokens` honoured;
+- on a GPU (cuda_graph=True), a fixed-shape decoding step captured once per batch as a CUDA graph
+  and replayed for every token.
 
 It reads parameters directly, so it must run where they are whole (under ZeRO-3, inside the
 engine's gathered context, as all generation does). `unsupported(model)` says why a model cannot
