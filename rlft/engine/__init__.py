@@ -115,7 +115,8 @@ class Engine:
             self.ds = model.to(device=self.info.device, dtype=dtype)
             self.optimizer = self.scheduler = None
         self.ds.train(trainable)
-        self.shared_prefix = cfg.engine.shared_prefix and shared_prefix_reason(cfg, self.module) is None
+        reason = "engine.shared_prefix=false" if not cfg.engine.shared_prefix else shared_prefix_reason(cfg, self.module)
+        self.shared_prefix, self.shared_prefix_off_reason = reason is None, reason
         self.checkpoint_layers = cfg.engine.activation_checkpointing
 
     # ------------------------------------------------------------------ training

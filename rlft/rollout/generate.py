@@ -64,6 +64,17 @@ def use_lean(model, sampling: SamplingConfig, device: torch.device, total_len: i
     return reason is None and device.type == "cpu"
 
 
+def describe_sampler(model, sampling: SamplingConfig, device: torch.device) -> str:
+    """One line on which sampler runs, and why (for the run's console header)."""
+    total = sampling.max_new_tokens + 1
+    if use_lean(model, sampling, device, total):
+        graph = " with CUDA-graph decoding" if device.type == "cuda" and sampling.compile else ""
+        return f"lean (rlft's decoding loop{graph})"
+    reason = unsupported(model, total)
+    why = f"; lean unsupported: {reason}" if reason else f" (engine.generation_impl={sampling.impl})"
+    return f"Hugging Face generate, {sampling.cache} cache{why}"
+
+
 @dataclass
 class Generations:
     prompt_index: list[int]          # which prompt each completion answers

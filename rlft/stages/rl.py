@@ -35,7 +35,7 @@ from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout import batch as rb
-from rlft.rollout.generate import SamplingConfig, generate, generation_options
+from rlft.rollout.generate import SamplingConfig, describe_sampler, generate, generation_options
 from rlft.rollout.logprobs import batched_token_logp, forward_logits, response_start, selective_logp
 from rlft.rollout.prefix import prefix_layout, shared_prefix_logits, to_target_columns
 from rlft.stages import common, inputs, iterative
@@ -89,6 +89,11 @@ class RLStage:
                                        self.a.generation_batch,
                                        **generation_options(cfg.engine))
         self.samples_log: list[dict] = []  # this iteration's scored samples (iterative RL)
+        if ctx.info.is_main:
+            forward = "shared prefix (each distinct prompt once)" if self.policy.shared_prefix else \
+                f"plain ({self.policy.shared_prefix_off_reason})"
+            print(f"[rlft] sampler: {describe_sampler(self.policy.module, self.sampling, ctx.info.device)}; "
+                  f"update forward: {forward}", flush=True)
 
     def load_reference(self, path: str) -> Engine:
         return Engine(self.cfg, load_model(self.cfg.model, path, self.tokenizer, seed=self.cfg.seed), trainable=False)

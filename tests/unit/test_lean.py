@@ -189,3 +189,15 @@ def test_cuda_graph_decoding_equals_eager_decoding(name):
     ref = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=24, do_sample=False,
                          pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id)[:, ids.shape[1]:]
     assert torch.equal(lean_generate(*args, cuda_graph=True), ref)
+
+
+def test_the_sampler_in_use_is_described_with_its_reason():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlft.rollout.generate import describe_sampler
+
+    cpu = torch.device("cpu")
+    assert describe_sampler(build("llama"), SamplingConfig(), cpu).startswith("lean")
+    assert "engine.generation_impl=hf" in describe_sampler(build("llama"), SamplingConfig(impl="hf"), cpu)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOK), n_embd=32, n_layer=1, n_head=2, **SPECIAL))
+    assert "lean unsupported: architecture 'gpt2'" in describe_sampler(gpt2, SamplingConfig(), cpu)
