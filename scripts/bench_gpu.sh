@@ -16,14 +16,16 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD} WANDB_MODE=disabled
+# each step below is cut after LIMIT seconds, so one slow or hung run cannot take the whole budget
+LIMIT=${LIMIT:-240}
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 # correctness of the lean sampler (CUDA graph vs eager vs Hugging Face) and the shared-prefix forward on this GPU
 if python3 -c "import pytest" 2>/dev/null; then
-  python3 -m pytest -q -p no:cacheprovider tests/unit/test_lean.py tests/unit/test_prefix.py 2>&1 | tail -15 | tee "$OUT/tests.txt"
+  timeout "$LIMIT" python3 -m pytest -q -p no:cacheprovider tests/unit/test_lean.py tests/unit/test_prefix.py 2>&1 | tail -15 | tee "$OUT/tests.txt"
 fi
-python3 scripts/bench.py --generation-impl lean --out "$OUT/bench_rlft_lean.json" 2>&1 | tee "$OUT/bench_rlft_lean.txt"
-python3 scripts/bench.py --peer trl --peer-cache default --out "$OUT/bench_trl_default.json" 2>&1 | tee "$OUT/bench_trl_default.txt"
-python3 scripts/bench.py --peer trl --peer-cache static --peer-dtype bfloat16 --out "$OUT/bench_trl_static.json" 2>&1 | tee "$OUT/bench_trl_static.txt"
-python3 scripts/bench.py --generation-impl lean --shared-prefix false --out "$OUT/bench_rlft_plain_update.json" 2>&1 | tee "$OUT/bench_rlft_plain_update.txt"
-python3 scripts/bench.py --cache dynamic --generation-impl hf --out "$OUT/bench_rlft_dynamic.json" 2>&1 | tee "$OUT/bench_rlft_dynamic.txt"
-python3 scripts/bench.py --generation-impl lean --kl-coef 0.04 --out "$OUT/bench_rlft_kl.json" 2>&1 | tee "$OUT/bench_rlft_kl.txt"
+timeout "$LIMIT" python3 scripts/bench.py --generation-impl lean --out "$OUT/bench_rlft_lean.json" 2>&1 | tee "$OUT/bench_rlft_lean.txt"
+timeout "$LIMIT" python3 scripts/bench.py --peer trl --peer-cache default --out "$OUT/bench_trl_default.json" 2>&1 | tee "$OUT/bench_trl_default.txt"
+timeout "$LIMIT" python3 scripts/bench.py --peer trl --peer-cache static --peer-dtype bfloat16 --out "$OUT/bench_trl_static.json" 2>&1 | tee "$OUT/bench_trl_static.txt"
+timeout "$LIMIT" python3 scripts/bench.py --generation-impl lean --shared-prefix false --out "$OUT/bench_rlft_plain_update.json" 2>&1 | tee "$OUT/bench_rlft_plain_update.txt"
+timeout "$LIMIT" python3 scripts/bench.py --cache dynamic --generation-impl hf --out "$OUT/bench_rlft_dynamic.json" 2>&1 | tee "$OUT/bench_rlft_dynamic.txt"
+timeout "$LIMIT" python3 scripts/bench.py --generation-impl lean --kl-coef 0.04 --out "$OUT/bench_rlft_kl.json" 2>&1 | tee "$OUT/bench_rlft_kl.txt"
