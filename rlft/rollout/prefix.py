@@ -10,6 +10,8 @@ work (projections, MLP, norms) falls by (G-1)/G of the prompt's share of the tok
 Same model, same positions, same masks as the plain forward: the completion log-probs agree to
 1e-5 in fp32 and so do the gradients (tests/unit/test_prefix.py). Llama-family models whose
 parameters are whole on every rank (ZeRO 0-2; see lean.unsupported), `engine.shared_prefix`.
+The engine's setting alone picks this path (also for a micro-batch without a repeated prompt), so
+all ranks build the same graph and ZeRO's gradient buckets fill in the same order.
 """
 from __future__ import annotations
 
@@ -29,10 +31,6 @@ class PrefixLayout:
     distinct: list[tuple[int, ...]]
     prompt_lens: list[int]
     completion_lens: list[int]
-
-    @property
-    def shares(self) -> bool:
-        return len(self.distinct) < len(self.group)
 
 
 def prefix_layout(ids: torch.Tensor, attn: torch.Tensor, prompt_lens: list[int]) -> PrefixLayout:

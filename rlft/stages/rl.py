@@ -219,9 +219,6 @@ def rollout_logp(engine: Engine, ro: rb.Rollout, micro: int, temperature: float)
     for m in range(0, len(ro), micro):
         sl = slice(m, m + micro)
         layout = prefix_layout(ids[sl], attn[sl], ro.prompt_lens[sl])
-        if not layout.shares:
-            out.append(batched_token_logp(engine, ids[sl], attn[sl], micro, temperature, ro.mask[sl]))
-            continue
         logits, targets, valid = shared_prefix_logits(engine.module, ids[sl], layout)
         logp = selective_logp(logits / temperature if temperature != 1.0 else logits, targets)
         out.append(to_target_columns(logp, valid, layout, 0, ids.shape[1] - 1))
@@ -233,15 +230,19 @@ def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float)
     and, for the logits, to the target columns from its first response token on:
     (ids, attention mask, cols, response mask, token entropy (no grad), per-token log-probs).
     `cols` selects those columns from any [N, L-1] rollout tensor (old/ref log-probs, advantages,
-    values). With `engine.shared_prefix`, rows that share a prompt run it once (rollout/prefix.py)."""
+    values). With `engine.shared_prefix`, rows that share a prompt run it once (rollout/prefix.py).
+
+    The path depends only on the engine, never on a micro-batch's content: every rank then builds
+    the same autograd graph, so gradients become ready in the same order on all ranks, which
+    ZeRO's bucketed gradient reduction relies on."""
     dev = policy.device
     width = int(ro.attention_mask[sl].sum(-1).max())
     ids, attn = ro.input_ids[sl, :width].to(dev), ro.attention_mask[sl, :width].to(dev)
     start = response_start(ro.mask[sl, :width - 1])
     cols = slice(start, width - 1)
     mask = ro.mask[sl, cols].to(dev)
-    layout = prefix_layout(ids, attn, ro.prompt_lens[sl]) if policy.shared_prefix else None
-    if layout is not None and layout.shares:
+    if policy.shared_prefix:
+        layout = prefix_layout(ids, attn, ro.prompt_lens[sl])
         logits, targets, valid = shared_prefix_logits(policy.module, ids, layout,
                                                       activation_checkpointing=policy.checkpoint_layers)
         if temperature != 1.0:

@@ -33,7 +33,7 @@ def plain_and_shared(model, temperature=1.0, checkpointing=False):
     start = response_start(mask)
     plain = token_logp(model, ids, attn, temperature, start)[:, start:]
     layout = prefix_layout(ids, attn, plens)
-    assert layout.shares and len(layout.distinct) == 3 and layout.group == [0, 0, 0, 1, 1, 2, 0]
+    assert len(layout.distinct) == 3 and layout.group == [0, 0, 0, 1, 1, 2, 0]
     logits, targets, valid = shared_prefix_logits(model, ids, layout, activation_checkpointing=checkpointing)
     logp = rl.selective_logp(logits / temperature, targets)
     shared = to_target_columns(logp, valid, layout, start, ids.shape[1] - 1 - start)
@@ -68,11 +68,21 @@ def test_activation_checkpointing_gives_the_same_values_and_gradients():
         torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
 
 
-def test_layout_without_repeated_prompts_does_not_share():
-    ids, attn, _, plens = batch()
-    layout = prefix_layout(ids[3:6], attn[3:6], plens[3:6])
-    assert layout.group == [0, 0, 1] and layout.shares
-    assert not prefix_layout(ids[4:6], attn[4:6], plens[4:6]).shares
+def test_a_micro_batch_without_repeated_prompts_takes_the_same_path_and_matches():
+    """No prompt repeats: every row its own prompt, still through the shared-prefix forward (the
+    same graph on every rank), and still equal to the plain forward."""
+    model = build("llama")
+    ids, attn, mask, plens = batch()
+    rows = [2, 3, 5]  # prompts 0, 1, 2 once each
+    ids, attn, mask, plens = ids[rows], attn[rows], mask[rows], [plens[r] for r in rows]
+    layout = prefix_layout(ids, attn, plens)
+    assert layout.group == [0, 1, 2]
+    start = response_start(mask)
+    plain = token_logp(model, ids, attn, 1.0, start)[:, start:]
+    logits, targets, valid = shared_prefix_logits(model, ids, layout)
+    shared = to_target_columns(rl.selective_logp(logits, targets), valid, layout, start, ids.shape[1] - 1 - start)
+    on = mask[:, start:].bool()
+    torch.testing.assert_close(shared[on], plain[on], atol=1e-5, rtol=0)
 
 
 def test_rollout_log_probs_of_old_and_reference_equal_the_plain_scoring():
@@ -97,7 +107,7 @@ def test_rollout_log_probs_of_old_and_reference_equal_the_plain_scoring():
     shared = rl.rollout_logp(Frozen(True), ro, 3, 0.8)
     on = mask.bool()
     torch.testing.assert_close(shared[on], plain[on], atol=1e-5, rtol=0)
-    assert shared.shape == plain.shape and (shared[:6][~on[:6]] == 0).all()  # the last micro-batch shares nothing
+    assert shared.shape == plain.shape and (shared[~on] == 0).all()
 
 
 def test_bf16_log_probs_match_the_plain_forward_to_bf16_rounding():
