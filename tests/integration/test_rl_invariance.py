@@ -162,6 +162,7 @@ for case in cases:
     dist.barrier()
 if info.is_main:
     (out_dir / "results.json").write_text(json.dumps(results))
+dist.shutdown()
 '''
 
 
@@ -193,16 +194,26 @@ TWO_RANKS = [
 ]
 
 
+ABORT = "terminate called without an active exception"
+
+
 def run_worker(tmp_path, nproc: int, cases: list[dict]) -> dict:
     out = tmp_path / f"w{nproc}"
     out.mkdir()
     (tmp_path / "worker.py").write_text(WORKER)
     spec = out / "cases.json"
     spec.write_text(json.dumps(cases))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
-           f"--master_port={free_port()}", str(tmp_path / "worker.py"), str(out), str(spec)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(PYTHONPATH=str(REPO)), capture_output=True, text=True,
-                          timeout=400)
+    for attempt in (1, 2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1",
+               f"--master_port={free_port()}", str(tmp_path / "worker.py"), str(out), str(spec)]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(PYTHONPATH=str(REPO)), capture_output=True,
+                              text=True, timeout=400)
+        # A rank of a CPU (gloo) job very rarely dies inside the communication library with
+        # "terminate called without an active exception" (seen once in many runs, not
+        # reproducible); only that abort is retried, once, and reported. Anything else fails.
+        if proc.returncode == 0 or ABORT not in proc.stderr or attempt == 2:
+            break
+        print(f"worker: a rank aborted in the communication library; retrying once\n{proc.stderr[-2000:]}")
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     results = json.loads((out / "results.json").read_text())
     states = {c["name"]: torch.load(out / f"{c['name']}.pt") for c in cases}
