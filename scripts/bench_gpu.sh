@@ -29,3 +29,5 @@ timeout "$LIMIT" python3 scripts/bench.py --peer trl --peer-cache static --peer-
 timeout "$LIMIT" python3 scripts/bench.py --generation-impl lean --shared-prefix false --out "$OUT/bench_rlft_plain_update.json" 2>&1 | tee "$OUT/bench_rlft_plain_update.txt"
 timeout "$LIMIT" python3 scripts/bench.py --cache dynamic --generation-impl hf --out "$OUT/bench_rlft_dynamic.json" 2>&1 | tee "$OUT/bench_rlft_dynamic.txt"
 timeout "$LIMIT" python3 scripts/bench.py --generation-impl lean --kl-coef 0.04 --out "$OUT/bench_rlft_kl.json" 2>&1 | tee "$OUT/bench_rlft_kl.txt"
+# one table of every run above, with the goals checked
+python3 scripts/bench_summary.py "$OUT" --out "$OUT/summary.md"
