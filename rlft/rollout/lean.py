@@ -4,14 +4,19 @@ a preallocated KV cache, and nothing else in the decoding loop.
 Hugging Face's `generate` is general (any architecture, any cache, any logits processor) and pays
 for it on every decoding step; a decoding step of a small model is almost all such overhead. This
 sampler runs the same computation as the Hugging Face modules (RMSNorm in fp32, rotary embeddings
-from the model's own `rotary_emb`, grouped-query SDPA attention, SwiGLU), with:
+from the model's own `rotary_emb`, grouped-query SDPA attention, SwiGLU) in as few operations per
+step as it can, with:
 
 - the prompt prefilled once per *distinct* prompt (GRPO's G samples of a prompt share it) and its
   keys and values copied to the G rows;
 - a KV cache allocated once per batch, attended up to the current length only;
+- queries, keys and values from one product and gate and up from another (packed copies of the
+  weights for the call), query/key rows in pair order so that the rotary embedding is one complex
+  multiplication (`pair_order`, `rotate_pairs`), residual additions inside the output products;
 - sampling by the Gumbel-max trick on the processed logits (exactly a draw from softmax(logits),
-  without torch.multinomial's slow exponential draws); temperature, top-k and top-p by Hugging
-  Face's own logits warpers, the model's `generation_config.suppress_tokens` honoured;
+  without torch.multinomial's slow exponential draws), the noise drawn for many steps at once;
+  temperature, top-k and top-p by Hugging Face's own logits warpers; the model's
+  `generation_config.suppress_tokens` as -inf in the LM head's bias;
 - on a GPU (cuda_graph=True), a fixed-shape decoding step captured once per batch as a CUDA graph
   and replayed for every token.
 
@@ -57,19 +62,19 @@ def unsupported(model, total_len: int | None = None) -> str | None:
 
 
 def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """Hugging Face's Llama RMSNorm (module `norm`) applied to x."""
+    return rms_norm_weight(x, norm.weight, norm.variance_epsilon)
+
+
+def rms_norm_weight(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Hugging Face's Llama RMSNorm: normalise in fp32, scale in the input dtype (one fused op in fp32,
     where the two are the same computation)."""
     dtype = x.dtype
-    if dtype == torch.float32 and norm.weight.dtype == torch.float32:
-        return F.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
+    if dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), -1)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
 
 
 class Arch:
@@ -82,47 +87,59 @@ class Arch:
         self.qk_norm = c.model_type == "qwen3"
 
 
-def project_qkv(arch: Arch, layer, x: torch.Tensor, cos, sin):
-    """Queries [b, H, T, D] and keys, values [b, KV, T, D] of one decoder layer for hidden states
-    x [b, T, hidden], rotary embedding applied (cos, sin broadcastable to [b, 1, T, D])."""
-    b, T, _ = x.shape
-    attn = layer.self_attn
-    h = rms_norm(x, layer.input_layernorm)
-    q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(b, T, arch.heads, arch.head_dim)
-    k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(b, T, arch.kv_heads, arch.head_dim)
-    v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(b, T, arch.kv_heads, arch.head_dim)
-    if arch.qk_norm:
-        q, k = rms_norm(q, attn.q_norm), rms_norm(k, attn.k_norm)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+def pair_order(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of a query/key projection (weight [heads*D, in], bias [heads*D], or a per-head norm weight
+    [D] with heads=1) reordered within each head so that dims i and i + D/2, which rotary embedding
+    rotates together, become adjacent: (0, D/2, 1, D/2+1, ...). Queries and keys in this order give
+    the same dot products, and the rotation becomes one complex multiplication."""
+    D = w.shape[0] // heads
+    return w.reshape(heads, 2, D // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def attend_and_mlp(arch: Arch, layer, x: torch.Tensor, q, keys, values, mask) -> torch.Tensor:
-    """The rest of the layer: attention of q over keys/values (boolean `mask`, True = attend),
-    output projection, residual, MLP, residual."""
-    b, T, _ = x.shape
-    attn, mlp = layer.self_attn, layer.mlp
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
-                                         enable_gqa=arch.kv_heads != arch.heads)
-    x = x + F.linear(out.transpose(1, 2).reshape(b, T, -1), attn.o_proj.weight, attn.o_proj.bias)
-    h = rms_norm(x, layer.post_attention_layernorm)
-    gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-    up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-    return x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+def rotate_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [..., D] in pair order: each (even, odd) pair times the complex
+    cos + i sin of freqs [..., D/2] (broadcast). Computed in fp32 for other dtypes."""
+    dtype = x.dtype
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * freqs).reshape(x.shape).to(dtype)
 
 
-def head_logits(model, h: torch.Tensor) -> torch.Tensor:
-    """Final norm and LM head (in the model's dtype)."""
-    return F.linear(rms_norm(h, model.model.norm), model.lm_head.weight, model.lm_head.bias)
+class LayerWeights:
+    """One decoder layer's weights arranged for decoding: queries, keys and values from one product
+    (query and key rows in pair order), gate and up from one product. The packed copies live for
+    one generate call (about 2/3 of a layer's weights)."""
+
+    def __init__(self, arch: "Arch", layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+        self.qkv = torch.cat([pair_order(q.weight, arch.heads), pair_order(k.weight, arch.kv_heads), v.weight])
+        self.qkv_bias = None if q.bias is None else torch.cat(
+            [pair_order(q.bias, arch.heads), pair_order(k.bias, arch.kv_heads), v.bias])
+        self.q_norm = self.k_norm = None
+        if arch.qk_norm:
+            self.q_norm = (pair_order(attn.q_norm.weight, 1), attn.q_norm.variance_epsilon)
+            self.k_norm = (pair_order(attn.k_norm.weight, 1), attn.k_norm.variance_epsilon)
+        self.gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        self.gate_up_bias = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
+        self.o, self.down = attn.o_proj, mlp.down_proj
+        self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
+        self.scaling = attn.scaling
+
+
+def residual_linear(x: torch.Tensor, inp: torch.Tensor, lin: torch.nn.Linear) -> torch.Tensor:
+    """x + lin(inp) for 2-D x and inp, in one product when the layer has no bias."""
+    out = torch.addmm(x, inp, lin.weight.t())
+    return out if lin.bias is None else out + lin.bias
 
 
 class LeanDecoder:
     """One batch of sampling: prefill, then one token per step into a preallocated cache.
 
-    `step` attends to the filled columns only (shapes change every step: the fast eager path).
-    `fixed_step` is the same computation with fixed shapes (every column, masked; the new column
-    chosen by a device tensor), which a CUDA graph can capture and replay; `FixedStepGraph` does
-    that on a GPU."""
+    Hidden states are kept 2-D ([rows * T, hidden]); keys are cached in pair order (see
+    `pair_order`). `step` attends to the filled columns only (shapes change every step: the fast
+    eager path). `fixed_step` is the same computation with fixed shapes (every column, masked; the
+    new column chosen by a device tensor), which a CUDA graph can capture and replay;
+    `FixedStepGraph` does that on a GPU."""
 
     def __init__(self, model, batch: int, max_len: int, device: torch.device):
         self.model, self.body, self.arch = model, model.model, Arch(model)
@@ -132,67 +149,112 @@ class LeanDecoder:
         # garbage such as NaN would survive 0 * NaN)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
+        with torch.no_grad():
+            self.weights = [LayerWeights(self.arch, layer) for layer in self.body.layers]
         self.length = 0  # cache columns filled
-        # rotary cos/sin of every position this batch can reach, looked up per decoding step
-        self.cos, self.sin = rotary_table(model, max_len, dtype, device)
+        # rotary rotations (complex, [max_len, D/2]) of every position this batch can reach
+        cos, sin = rotary_table(model, max_len, torch.float32, device)
+        half = self.arch.head_dim // 2
+        self.freqs = torch.complex(cos[:, :half].contiguous(), sin[:, :half].contiguous())
+        head = model.lm_head
+        # suppressed tokens (the model's generation_config) as -inf in the LM head's bias
+        suppress = list(getattr(model.generation_config, "suppress_tokens", None) or [])
+        self.head_bias = head.bias
+        if suppress:
+            bias = torch.zeros(head.weight.shape[0], dtype=head.weight.dtype, device=device)
+            bias[suppress] = -float("inf")
+            self.head_bias = bias if head.bias is None else head.bias + bias
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor):
-        """cos, sin [b, 1, T, D] for positions [b, T]."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+    def _layer(self, i: int, x: torch.Tensor, b: int, T: int, freqs: torch.Tensor, attend) -> torch.Tensor:
+        """Decoder layer i on hidden states x [b*T, hidden]; freqs [b, 1, T, D/2]; attend(i, q, k, v)
+        caches k, v [b, KV, T, D] and returns the attention output [b, H, T, D]."""
+        w, arch = self.weights[i], self.arch
+        H, KV, D = arch.heads, arch.kv_heads, arch.head_dim
+        h = rms_norm(x, w.norm_in)
+        y = F.linear(h, w.qkv, w.qkv_bias).view(b, T, H + 2 * KV, D).transpose(1, 2)  # [b, heads, T, D]
+        qk, v = y[:, :H + KV], y[:, H + KV:]
+        if w.q_norm is not None:
+            qk = torch.cat([rms_norm_weight(qk[:, :H], *w.q_norm), rms_norm_weight(qk[:, H:], *w.k_norm)], 1)
+        qk = rotate_pairs(qk, freqs)
+        out = attend(i, qk[:, :H], qk[:, H:], v)
+        x = residual_linear(x, out.transpose(1, 2).reshape(b * T, H * D), w.o)
+        g = F.linear(rms_norm(x, w.norm_post), w.gate_up, w.gate_up_bias)
+        inter = g.shape[-1] // 2
+        return residual_linear(x, F.silu(g[:, :inter]) * g[:, inter:], w.down)
 
     def _logits(self, x_last: torch.Tensor) -> torch.Tensor:
-        return head_logits(self.model, x_last).float()
+        """Next-token logits [rows, V] (fp32), suppressed tokens -inf."""
+        h = rms_norm(x_last, self.body.norm)
+        return F.linear(h, self.model.lm_head.weight, self.head_bias).float()
 
     def prefill(self, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Run the distinct prompts `ids` [u, P] (left-padded, mask `attn`), where batch row r
         samples prompt rows[r]: fills the first P cache columns of every row and returns the
         next-token logits [batch, V] (fp32)."""
-        P = ids.shape[1]
+        u, P = ids.shape
         positions = (attn.long().cumsum(-1) - 1).masked_fill(attn == 0, 1)
         causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
         # a query sees earlier real tokens; a padding query sees itself, which keeps its output finite
         mask = ((causal & attn.bool()[:, None, :]) | torch.eye(P, dtype=torch.bool, device=ids.device))[:, None]
-        x = self.body.embed_tokens(ids)
-        cos, sin = self._rope(x, positions)
-        for i, layer in enumerate(self.body.layers):
-            q, k, v = project_qkv(self.arch, layer, x, cos, sin)
+        freqs = self.freqs[positions][:, None]
+
+        def attend(i, q, k, v):
             self.keys[i][:, :, :P] = k.index_select(0, rows)
             self.values[i][:, :, :P] = v.index_select(0, rows)
-            x = attend_and_mlp(self.arch, layer, x, q, k, v, mask)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.weights[i].scaling,
+                                                  enable_gqa=self.arch.kv_heads != self.arch.heads)
+
+        x = self.body.embed_tokens(ids).view(u * P, -1)
+        for i in range(len(self.weights)):
+            x = self._layer(i, x, u, P, freqs, attend)
         self.length = P
-        return self._logits(x[:, -1]).index_select(0, rows)
+        return self._logits(x.view(u, P, -1)[:, -1]).index_select(0, rows)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """Append one token per row (tokens [batch], their positions [batch]); `key_mask` [batch, L]
         marks the cache columns a row may attend to (None: all). Returns next-token logits."""
-        t = self.length
-        x = self.body.embed_tokens(tokens[:, None])
-        cos, sin = self._rope(x, positions[:, None])
-        mask = None if key_mask is None else key_mask[:, None, None, :t + 1]
-        for i, layer in enumerate(self.body.layers):
-            q, k, v = project_qkv(self.arch, layer, x, cos, sin)
-            self.keys[i][:, :, t:t + 1], self.values[i][:, :, t:t + 1] = k, v
-            x = attend_and_mlp(self.arch, layer, x, q, self.keys[i][:, :, :t + 1], self.values[i][:, :, :t + 1], mask)
-        self.length = t + 1
-        return self._logits(x[:, -1])
+        return self.step_rotated(tokens, self.freqs[positions], key_mask)
 
+    def step_rotated(self, tokens: torch.Tensor, freqs: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        """`step` with the rows' rotary rotations freqs [batch, D/2] given (looked up in advance)."""
+        t, B = self.length, tokens.shape[0]
+        mask = None if key_mask is None else key_mask[:, None, None, :t + 1]
+
+        def attend(i, q, k, v):
+            keys, values = self.keys[i], self.values[i]
+            keys[:, :, t:t + 1], values[:, :, t:t + 1] = k, v
+            return F.scaled_dot_product_attention(q, keys[:, :, :t + 1], values[:, :, :t + 1], attn_mask=mask,
+                                                  scale=self.weights[i].scaling,
+                                                  enable_gqa=self.arch.kv_heads != self.arch.heads)
+
+        x = F.embedding(tokens, self.body.embed_tokens.weight)
+        freqs = freqs[:, None, None]
+        for i in range(len(self.weights)):
+            x = self._layer(i, x, B, 1, freqs, attend)
+        self.length = t + 1
+        return self._logits(x)
 
     def fixed_step(self, tokens: torch.Tensor, positions: torch.Tensor, column: torch.Tensor,
                    visible: torch.Tensor) -> torch.Tensor:
         """`step` with fixed shapes: tokens, positions [B]; column [1] (long, on the device) is the
         cache column to fill; visible [B, L] (bool) is updated in place to include it. Attends over
         every column, masked. No host synchronisation and no shape that changes between steps."""
-        x = self.body.embed_tokens(tokens[:, None])
-        cos = self.cos.index_select(0, positions)[:, None, None]
-        sin = self.sin.index_select(0, positions)[:, None, None]
+        B = tokens.shape[0]
         visible.index_fill_(1, column, True)
         mask = visible[:, None, None, :]
-        for i, layer in enumerate(self.body.layers):
-            q, k, v = project_qkv(self.arch, layer, x, cos, sin)
+
+        def attend(i, q, k, v):
             self.keys[i].index_copy_(2, column, k)
             self.values[i].index_copy_(2, column, v)
-            x = attend_and_mlp(self.arch, layer, x, q, self.keys[i], self.values[i], mask)
-        return self._logits(x[:, -1])
+            return F.scaled_dot_product_attention(q, self.keys[i], self.values[i], attn_mask=mask,
+                                                  scale=self.weights[i].scaling,
+                                                  enable_gqa=self.arch.kv_heads != self.arch.heads)
+
+        x = F.embedding(tokens, self.body.embed_tokens.weight)
+        freqs = self.freqs.index_select(0, positions)[:, None, None]
+        for i in range(len(self.weights)):
+            x = self._layer(i, x, B, 1, freqs, attend)
+        return self._logits(x)
 
 
 class FixedStepGraph:
@@ -260,6 +322,9 @@ def distinct_rows(ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, 
     return distinct[:, :width], distinct[:, width:], rows
 
 
+NOISE_CHUNK_BYTES = 64 * 2**20  # Gumbel noise is drawn for as many steps at once as fit here
+
+
 @torch.no_grad()
 def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, do_sample: bool,
                   temperature: float, top_k: int, top_p: float, eos_id: int, pad_id: int,
@@ -268,36 +333,40 @@ def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: 
     EOS (Hugging Face generate's output past the prompt). Stops when every row has ended.
     `cuda_graph` (CUDA devices only): decode with the fixed-shape step replayed from a CUDA graph."""
     B, P = ids.shape
-    device = ids.device
-    decoder = LeanDecoder(model, B, P + max_new_tokens, device)
+    N, device = max_new_tokens, ids.device
+    decoder = LeanDecoder(model, B, P + N, device)
     unique_ids, unique_attn, rows = distinct_rows(ids, attn)
     logits = decoder.prefill(unique_ids, unique_attn, rows)
-    padded = bool((attn == 0).any())
     key_mask = None
-    if padded:
-        key_mask = torch.ones(B, P + max_new_tokens, dtype=torch.bool, device=device)
+    if bool((attn == 0).any()):
+        key_mask = torch.ones(B, P + N, dtype=torch.bool, device=device)
         key_mask[:, :P] = attn.bool()
     positions = attn.long().sum(-1)  # the next token's position: real tokens so far
-    step = lambda tok, s: decoder.step(tok, positions + s, key_mask)  # noqa: E731
-    if cuda_graph and device.type == "cuda" and max_new_tokens > 1:
-        visible = torch.zeros(B, P + max_new_tokens, dtype=torch.bool, device=device)
+    freqs = decoder.freqs[positions[:, None] + torch.arange(N, device=device)]  # [B, N, D/2]: step s's rotations
+    step = lambda tok, s: decoder.step_rotated(tok, freqs[:, s], key_mask)  # noqa: E731
+    if cuda_graph and device.type == "cuda" and N > 1:
+        visible = torch.zeros(B, P + N, dtype=torch.bool, device=device)
         visible[:, :P] = attn.bool()
         graph = FixedStepGraph(decoder, visible, P)
         step = lambda tok, s: graph.step(tok, positions + s, P + s)  # noqa: E731
-    suppress = list(getattr(model.generation_config, "suppress_tokens", None) or [])
     warpers = logits_warpers(temperature, top_k, top_p) if do_sample else []
-    out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    chunk = max(1, NOISE_CHUNK_BYTES // (B * logits.shape[-1] * 4))
+    tokens = []
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    for s in range(max_new_tokens):
-        if suppress:
-            logits[:, suppress] = -float("inf")
+    for s in range(N):
         for warp in warpers:
             logits = warp(None, logits)
-        token = gumbel_sample(logits) if do_sample else logits.argmax(-1)
-        token = token.masked_fill(done, pad_id)
-        out[:, s] = token
+        if do_sample:
+            if s % chunk == 0:
+                noise = gumbel_noise((min(chunk, N - s), B, logits.shape[-1]), device)
+            token = (logits + noise[s % chunk]).argmax(-1)
+        else:
+            token = logits.argmax(-1)
+        tokens.append(token)
         done |= token == eos_id
-        if bool(done.all()) or s == max_new_tokens - 1:
-            return out[:, :s + 1]
+        if s == N - 1 or bool(done.all()):
+            break
         logits = step(token, s)
-    return out
+    out = torch.stack(tokens, 1)
+    eos = out == eos_id
+    return out.masked_fill(eos.cumsum(1) > eos.long(), pad_id)  # PAD after each row's first EOS

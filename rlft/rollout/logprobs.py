@@ -9,13 +9,23 @@ from __future__ import annotations
 import torch
 
 
-def selective_logp(logits: torch.Tensor, targets: torch.Tensor, rows_per_chunk: int = 4) -> torch.Tensor:
+CHUNK_BYTES = 2**29  # fp32 logits upcast at a time by selective_logp and the entropy (512 MiB)
+
+
+def chunk_rows(logits: torch.Tensor) -> int:
+    """How many rows of logits [B, T, V] fit in CHUNK_BYTES as fp32 (at least one)."""
+    return max(1, CHUNK_BYTES // max(1, logits[0].numel() * 4))
+
+
+def selective_logp(logits: torch.Tensor, targets: torch.Tensor, rows_per_chunk: int | None = None) -> torch.Tensor:
     """log softmax(logits)[target] per position, [B, T] fp32.
 
-    Only `rows_per_chunk` rows are upcast to fp32 at a time, so peak memory is
-    rows_per_chunk x T x V floats instead of B x T x V."""
+    `rows_per_chunk` rows are upcast to fp32 at a time (default: as many as fit in CHUNK_BYTES), so a
+    large vocabulary's fp32 logits never exist for the whole batch at once; a small one takes the
+    batch in one piece."""
+    rows = rows_per_chunk or chunk_rows(logits)
     out = []
-    for lg, tg in zip(logits.split(rows_per_chunk), targets.split(rows_per_chunk)):
+    for lg, tg in zip(logits.split(rows), targets.split(rows)):
         lg = lg.float()
         picked = lg.gather(-1, tg.unsqueeze(-1)).squeeze(-1)
         out.append(picked - torch.logsumexp(lg, dim=-1))

@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from rlft.rollout.lean import Arch, attend_and_mlp, head_logits, project_qkv, rotary_table
+from rlft.rollout.lean import Arch, rms_norm, rotary_table
 
 
 @dataclass
@@ -40,6 +41,45 @@ def prefix_layout(ids: torch.Tensor, attn: torch.Tensor, prompt_lens: list[int])
     group = [index.setdefault(tuple(row[:p]), len(index)) for row, p in zip(rows, prompt_lens)]
     lengths = attn.sum(-1).tolist()
     return PrefixLayout(group, list(index), list(prompt_lens), [n - p for n, p in zip(lengths, prompt_lens)])
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def project_qkv(arch: Arch, layer, x: torch.Tensor, cos, sin):
+    """Queries [b, H, T, D] and keys, values [b, KV, T, D] of one decoder layer for hidden states
+    x [b, T, hidden], rotary embedding applied (cos, sin broadcastable to [b, 1, T, D])."""
+    b, T, _ = x.shape
+    attn = layer.self_attn
+    h = rms_norm(x, layer.input_layernorm)
+    q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(b, T, arch.heads, arch.head_dim)
+    k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(b, T, arch.kv_heads, arch.head_dim)
+    v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(b, T, arch.kv_heads, arch.head_dim)
+    if arch.qk_norm:
+        q, k = rms_norm(q, attn.q_norm), rms_norm(k, attn.k_norm)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+
+def attend_and_mlp(arch: Arch, layer, x: torch.Tensor, q, keys, values, mask) -> torch.Tensor:
+    """The rest of the layer: attention of q over keys/values (boolean `mask`, True = attend),
+    output projection, residual, MLP, residual."""
+    b, T, _ = x.shape
+    attn, mlp = layer.self_attn, layer.mlp
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
+                                         enable_gqa=arch.kv_heads != arch.heads)
+    x = x + F.linear(out.transpose(1, 2).reshape(b, T, -1), attn.o_proj.weight, attn.o_proj.bias)
+    h = rms_norm(x, layer.post_attention_layernorm)
+    gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+    up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+    return x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+
+
+def head_logits(model, h: torch.Tensor) -> torch.Tensor:
+    """Final norm and LM head (in the model's dtype)."""
+    return F.linear(rms_norm(h, model.model.norm), model.lm_head.weight, model.lm_head.bias)
 
 
 def shared_prefix_logits(model, ids: torch.Tensor, layout: PrefixLayout, pad_id: int = 0,

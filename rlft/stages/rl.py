@@ -36,7 +36,7 @@ from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import SamplingConfig, describe_sampler, generate, generation_options
-from rlft.rollout.logprobs import batched_token_logp, forward_logits, response_start, selective_logp
+from rlft.rollout.logprobs import batched_token_logp, chunk_rows, forward_logits, response_start, selective_logp
 from rlft.rollout.prefix import prefix_layout, shared_prefix_logits, to_target_columns
 from rlft.stages import common, inputs, iterative
 
@@ -416,10 +416,11 @@ def masked_sum_f(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum())
 
 
-def entropy(logits: torch.Tensor, rows_per_chunk: int = 4) -> torch.Tensor:
-    """Token entropy [B, T] of the policy's distribution, a few rows at a time in fp32."""
+def entropy(logits: torch.Tensor, rows_per_chunk: int | None = None) -> torch.Tensor:
+    """Token entropy [B, T] of the policy's distribution, a few rows at a time in fp32 (as many as
+    fit in logprobs.CHUNK_BYTES unless given)."""
     out = []
-    for lg in logits.split(rows_per_chunk):
+    for lg in logits.split(rows_per_chunk or chunk_rows(logits)):
         lg = lg.float()
         logp = lg - torch.logsumexp(lg, -1, keepdim=True)
         out.append(-(logp.exp() * logp).sum(-1))

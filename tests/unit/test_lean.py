@@ -11,7 +11,8 @@ import pytest
 import torch
 from lean_models import MODELS, SPECIAL, TOK, build
 from rlft.rollout.generate import SamplingConfig, cut_at_eos, generate, use_lean
-from rlft.rollout.lean import LeanDecoder, distinct_rows, gumbel_sample, lean_generate, unsupported
+from rlft.rollout.lean import (LeanDecoder, distinct_rows, gumbel_sample, lean_generate, pair_order, rotate_pairs,
+                               unsupported)
 
 TEXTS = ["Q: 1+2?\nA:", "Q: what is 12 times 7, minus 3?\nA:", "Q: 5?\nA:", "Q: 1+2?\nA:"]
 
@@ -99,6 +100,27 @@ def test_fixed_shape_step_equals_the_teacher_forced_forward(name):
             steps.append(decoder.fixed_step(cont[:, s], attn.sum(-1) + s, column, visible))
     torch.testing.assert_close(torch.stack(steps, 1).log_softmax(-1), ref, atol=1e-5, rtol=0)
     assert torch.equal(visible[:, :P], attn.bool()) and visible[:, P:-1].all() and not visible[:, -1].any()
+
+
+def test_rotary_embedding_in_pair_order_equals_hugging_faces_and_keeps_dot_products():
+    """Rows of a projection in pair order, rotated by one complex multiplication, give Hugging
+    Face's rotated queries in pair order, so every query-key dot product is unchanged."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model = build("llama-gqa-untied")
+    heads, D = 4, 16
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 64, generator=g)  # hidden states [b, T, hidden]
+    w = model.model.layers[0].self_attn.q_proj.weight  # [heads * D, hidden]
+    cos, sin = model.model.rotary_emb(x, torch.arange(5)[None])
+    ref, _ = apply_rotary_pos_emb((x @ w.T).view(2, 5, heads, D).transpose(1, 2), torch.zeros(2, heads, 5, D),
+                                  cos, sin)
+    freqs = torch.complex(cos[0, :, :D // 2], sin[0, :, :D // 2])  # [T, D/2]
+    got = rotate_pairs((x @ pair_order(w, heads).T).view(2, 5, heads, D).transpose(1, 2), freqs)
+    in_pairs = ref.reshape(2, heads, 5, 2, D // 2).transpose(-1, -2).reshape(ref.shape)  # (0, D/2, 1, D/2+1, ...)
+    torch.testing.assert_close(got, in_pairs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got @ got.mT, ref @ ref.mT, atol=1e-5, rtol=1e-5)
+    assert torch.equal(pair_order(torch.arange(8.0), 1), torch.tensor([0.0, 4, 1, 5, 2, 6, 3, 7]))
 
 
 def test_gumbel_sampling_draws_from_the_softmax():

@@ -180,6 +180,15 @@ def test_selective_logp_equals_log_softmax_gather_in_float64():
         assert torch.equal(selective_logp(logits, targets, rows_per_chunk=chunk), got)
 
 
+def test_log_prob_chunks_hold_as_many_rows_as_fit_the_budget():
+    from rlft.rollout.logprobs import CHUNK_BYTES, chunk_rows
+
+    assert chunk_rows(torch.zeros(64, 128, 128)) >= 64  # a small vocabulary: the batch in one piece
+    row = torch.zeros(1, 256, 151936)  # a Qwen-sized vocabulary at 256 tokens: 156 MB per row in fp32
+    assert chunk_rows(row.expand(8, -1, -1)) == CHUNK_BYTES // (256 * 151936 * 4) == 3
+    assert chunk_rows(torch.zeros(2, 1, CHUNK_BYTES)) == 1  # never fewer than one row
+
+
 def test_selective_logp_upcasts_low_precision_logits():
     g = torch.Generator().manual_seed(1)
     logits = (torch.randn(3, 4, 17, generator=g) * 3).to(torch.bfloat16)
