@@ -33,6 +33,13 @@ class PrefixLayout:
     prompt_lens: list[int]
     completion_lens: list[int]
 
+    @property
+    def group_size(self) -> int | None:
+        """G when the rows come in consecutive groups of G per distinct prompt (GRPO's layout), else None."""
+        G = len(self.group) // max(1, len(self.distinct))
+        return G if all(g == r // G for r, g in enumerate(self.group)) and G * len(self.distinct) == len(self.group) \
+            else None
+
 
 def prefix_layout(ids: torch.Tensor, attn: torch.Tensor, prompt_lens: list[int]) -> PrefixLayout:
     """Group the rows of a right-padded prompt+completion batch by identical prompt."""
@@ -98,6 +105,12 @@ def shared_prefix_logits(model, ids: torch.Tensor, layout: PrefixLayout, pad_id:
     targets = torch.nn.functional.pad(ids, (0, C), value=pad_id).gather(1, cols)
     valid = torch.arange(C, device=dev)[None] < torch.tensor(layout.completion_lens, device=dev)[:, None]
     group = torch.tensor(layout.group, device=dev)
+    G = layout.group_size
+
+    def spread(x: torch.Tensor) -> torch.Tensor:
+        """Distinct-prompt rows of x to the batch's rows; in consecutive groups by repetition, whose
+        backward is a sum over each group (index_select's is a much slower scatter on CPU)."""
+        return x.repeat_interleave(G, 0) if G else x.index_select(0, group)
 
     dtype = body.embed_tokens.weight.dtype
     cos, sin = rotary_table(model, int(cols.max()) + 1, dtype, dev)
@@ -114,8 +127,8 @@ def shared_prefix_logits(model, ids: torch.Tensor, layout: PrefixLayout, pad_id:
     def layer_forward(layer, xp, xc):
         qp, kp, vp = project_qkv(arch, layer, xp, *rope_p)
         qc, kc, vc = project_qkv(arch, layer, xc, *rope_c)
-        keys = torch.cat([kp.index_select(0, group), kc], 2)
-        values = torch.cat([vp.index_select(0, group), vc], 2)
+        keys = torch.cat([spread(kp), kc], 2)
+        values = torch.cat([spread(vp), vc], 2)
         return (attend_and_mlp(arch, layer, xp, qp, kp, vp, mask_p),
                 attend_and_mlp(arch, layer, xc, qc, keys, values, mask_c))
 
@@ -126,7 +139,7 @@ def shared_prefix_logits(model, ids: torch.Tensor, layout: PrefixLayout, pad_id:
         else:
             xp, xc = layer_forward(layer, xp, xc)
     # completion token 0 is predicted from the prompt's last position, token j from completion token j-1
-    hidden = torch.cat([xp[:, -1:].index_select(0, group), xc[:, :-1]], 1)
+    hidden = torch.cat([spread(xp[:, -1:]), xc[:, :-1]], 1)
     return head_logits(model, hidden), targets, valid
 
 

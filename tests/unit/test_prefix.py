@@ -17,23 +17,23 @@ from lean_models import TOK, build
 PROMPTS = ["Q: 1+2?\nA:", "Q: what is 12 times 7, minus 3?\nA:", "Q: 5?\nA:"]
 
 
-def batch():
-    """Rows: prompt 0 x3, prompt 1 x2, prompt 2 x1, prompt 0 again (not adjacent)."""
+def batch(which=(0, 0, 0, 1, 1, 2, 0), lens=(5, 9, 1, 7, 0, 12, 3)):
+    """Rows sampling prompts `which` (default: prompt 0 x3, prompt 1 x2, prompt 2 x1, prompt 0 again,
+    not adjacent) with completions of lengths `lens`."""
     prompts = [TOK(t, add_special_tokens=False)["input_ids"] for t in PROMPTS]
-    which = [0, 0, 0, 1, 1, 2, 0]
     g = torch.Generator().manual_seed(3)
-    lens = [5, 9, 1, 7, 0, 12, 3]
     comps = [torch.randint(3, len(TOK), (n,), generator=g).tolist() for n in lens]
     ids, attn, mask = rb.build_sequences([prompts[w] for w in which], comps, TOK.pad_token_id)
     return ids, attn, mask, [len(prompts[w]) for w in which]
 
 
-def plain_and_shared(model, temperature=1.0, checkpointing=False):
-    ids, attn, mask, plens = batch()
+def plain_and_shared(model, temperature=1.0, checkpointing=False, rows=None):
+    ids, attn, mask, plens = batch(*(rows or ()))
     start = response_start(mask)
     plain = token_logp(model, ids, attn, temperature, start)[:, start:]
     layout = prefix_layout(ids, attn, plens)
-    assert len(layout.distinct) == 3 and layout.group == [0, 0, 0, 1, 1, 2, 0]
+    if rows is None:
+        assert len(layout.distinct) == 3 and layout.group == [0, 0, 0, 1, 1, 2, 0] and layout.group_size is None
     logits, targets, valid = shared_prefix_logits(model, ids, layout, activation_checkpointing=checkpointing)
     logp = rl.selective_logp(logits / temperature, targets)
     shared = to_target_columns(logp, valid, layout, start, ids.shape[1] - 1 - start)
@@ -51,6 +51,25 @@ def test_completion_log_probs_and_gradients_equal_the_plain_forward(name):
     for logp in (plain, shared):
         model.zero_grad()
         (logp * mask * torch.linspace(-1, 1, logp.shape[1])).sum().backward(retain_graph=True)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    scale = grads[0].abs().max()
+    torch.testing.assert_close(grads[1] / scale, grads[0] / scale, atol=1e-5, rtol=0)
+
+
+def test_consecutive_groups_of_equal_size_match_the_plain_forward():
+    """GRPO's layout (G rows per prompt, consecutive) spreads prompt keys by repetition instead of
+    an index: the same values and gradients."""
+    rows = ((0, 0, 1, 1, 2, 2), (5, 9, 0, 7, 12, 3))
+    ids, attn, _, plens = batch(*rows)
+    assert prefix_layout(ids, attn, plens).group_size == 2
+    model = build("llama-gqa-untied")
+    model.train()
+    plain, shared, mask = plain_and_shared(model, rows=rows)
+    torch.testing.assert_close(shared[mask], plain[mask], atol=1e-5, rtol=0)
+    grads = []
+    for logp in (plain, shared):
+        model.zero_grad()
+        (logp * mask * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     scale = grads[0].abs().max()
     torch.testing.assert_close(grads[1] / scale, grads[0] / scale, atol=1e-5, rtol=0)
