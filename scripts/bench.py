@@ -283,6 +283,18 @@ def run_side(side: str, argv: list[str]) -> dict:
     return out
 
 
+def merge_rounds(results: list[dict]) -> dict:
+    """One side's figures over rounds: the median of each timing and rate, the largest peak memory,
+    and each round's step time under step_s_rounds."""
+    out = dict(results[0])
+    for key, value in results[0].items():
+        if isinstance(value, float):
+            values = [r[key] for r in results]
+            out[key] = max(values) if key == "peak_memory_gib" else statistics.median(values)
+    out["step_s_rounds"] = [r["step_s"] for r in results]
+    return out
+
+
 def table(results: list[dict]) -> str:
     keys = ["step_s", "generation_s", "scoring_s", "update_s", "generation_new_tokens_per_s",
             "update_tokens_per_s", "peak_memory_gib"]
@@ -323,6 +335,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="TRL's KV cache: its default (dynamic) or static (its best setting without vLLM)")
     p.add_argument("--peer-dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                    help="dtype TRL loads the weights in (auto: as saved, fp32; bfloat16: its best setting)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the sides this many times, alternating (rlft, TRL, rlft, ...): each side's figures "
+                        "are the medians over rounds and the ratio the median of the rounds' ratios, so a "
+                        "machine whose speed drifts does not favour the side that ran first")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--side", choices=["rlft", "trl"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -333,6 +349,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.new_tokens = args.new_tokens or (256 if gpu else 128)
     args.precision = args.precision or ("bf16" if gpu else "fp32")
     return args
+
+
+def without_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """argv less the options `names` and their values (--name=value or --name value)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        elif not a.startswith(tuple(n + "=" for n in names)):
+            out.append(a)
+    return out
 
 
 def _cuda_available() -> bool:
@@ -346,28 +375,32 @@ def main(argv: list[str]) -> None:
     if args.side:
         child(args)
         return
-    explicit = [a for a in argv if not a.startswith("--out") and a != (args.out or "")]
+    explicit = without_options(argv, ("--out", "--rounds"))
     resolved = explicit + [f"--shape={args.shape}", f"--prompt-tokens={args.prompt_tokens}",
                            f"--new-tokens={args.new_tokens}", f"--precision={args.precision}"]
     workload = {k: getattr(args, k) for k in ("shape", "prompts", "samples", "prompt_tokens", "new_tokens", "kl_coef",
                                               "precision", "cache", "generation_impl", "shared_prefix", "zero_stage",
-                                              "steps", "warmup", "threads")}
+                                              "steps", "warmup", "threads", "rounds")}
     if args.peer == "trl":
         workload["peer_cache"] = args.peer_cache
         workload["peer_dtype"] = args.peer_dtype
     print(f"[bench] workload: {json.dumps(workload)}", file=sys.stderr)
-    results = [run_side("rlft", resolved)]
-    if args.peer == "trl":
-        results.append(run_side("trl", resolved))
+    rounds = []
+    for _ in range(args.rounds):
+        rounds.append([run_side("rlft", resolved)] + ([run_side("trl", resolved)] if args.peer == "trl" else []))
+    results = [merge_rounds([r[i] for r in rounds]) for i in range(len(rounds[0]))]
     report = {"workload": workload, "results": results}
     if len(results) == 2:
-        rlft_r, trl_r = results
-        report["ratios"] = {"trl_step_over_rlft_step": trl_r["step_s"] / rlft_r["step_s"],
-                            "rlft_peak_memory_over_trl": rlft_r["peak_memory_gib"] / trl_r["peak_memory_gib"]}
+        per_round = [trl_r["step_s"] / rlft_r["step_s"] for rlft_r, trl_r in rounds]
+        report["ratios"] = {"trl_step_over_rlft_step": statistics.median(per_round),
+                            "trl_step_over_rlft_step_rounds": per_round,
+                            "rlft_peak_memory_over_trl": results[0]["peak_memory_gib"] / results[1]["peak_memory_gib"]}
     print(table(results))
     if "ratios" in report:
         r = report["ratios"]
-        print(f"\nTRL step time / rlft step time: {r['trl_step_over_rlft_step']:.2f}x; "
+        rounds_note = (" (median of rounds: " + ", ".join(f"{x:.2f}x" for x in r["trl_step_over_rlft_step_rounds"]) + ")"
+                       if args.rounds > 1 else "")
+        print(f"\nTRL step time / rlft step time: {r['trl_step_over_rlft_step']:.2f}x{rounds_note}; "
               f"peak memory rlft / TRL: {r['rlft_peak_memory_over_trl']:.2f}")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))

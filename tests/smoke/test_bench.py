@@ -1,5 +1,6 @@
 """scripts/bench.py on a very small workload: both sides run, the JSON carries every phase, the
-lengths are fixed (EOS suppressed), and the ratio is computed from the two measured step times."""
+lengths are fixed (EOS suppressed), and the ratio is computed from the measured step times of
+alternating rounds."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ def test_bench_runs_rlft_and_trl_on_the_same_workload(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--device=cpu", "--threads=1", "--prompts=2",
            "--samples=2", "--prompt-tokens=8", "--new-tokens=6", "--steps=2", "--warmup=1", "--peer=trl",
-           f"--out={out}"]
+           "--rounds", "2", f"--out={out}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -24,5 +25,11 @@ def test_bench_runs_rlft_and_trl_on_the_same_workload(tmp_path):
     for key in ("generation_s", "scoring_s", "update_s", "step_s", "peak_memory_gib"):
         assert rlft[key] > 0, key
     assert rlft["steps_measured"] == 2 and trl["steps_measured"] == 2 and trl["step_s"] > 0
-    assert report["ratios"]["trl_step_over_rlft_step"] == trl["step_s"] / rlft["step_s"]
+    # two rounds, alternating sides: each side's step is the median of its rounds, the ratio the
+    # median of the rounds' ratios
+    assert len(rlft["step_s_rounds"]) == 2 and len(trl["step_s_rounds"]) == 2
+    assert rlft["step_s"] == sum(rlft["step_s_rounds"]) / 2
+    per_round = [t / r for r, t in zip(rlft["step_s_rounds"], trl["step_s_rounds"])]
+    assert report["ratios"]["trl_step_over_rlft_step_rounds"] == per_round
+    assert abs(report["ratios"]["trl_step_over_rlft_step"] - sum(per_round) / 2) < 1e-12
     assert "| rlft |" in proc.stdout and "| trl |" in proc.stdout
