@@ -323,15 +323,19 @@ def distinct_rows(ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 NOISE_CHUNK_BYTES = 64 * 2**20  # Gumbel noise is drawn for as many steps at once as fit here
+GPU_CHECK_EVERY = 16  # on a GPU, whether every row has ended is read back every this many steps
 
 
 @torch.no_grad()
 def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, do_sample: bool,
                   temperature: float, top_k: int, top_p: float, eos_id: int, pad_id: int,
-                  cuda_graph: bool = False) -> torch.Tensor:
+                  cuda_graph: bool = False, check_every: int | None = None) -> torch.Tensor:
     """New tokens [B, <= max_new_tokens] for the left-padded prompts `ids`/`attn`, PAD after a row's
     EOS (Hugging Face generate's output past the prompt). Stops when every row has ended.
-    `cuda_graph` (CUDA devices only): decode with the fixed-shape step replayed from a CUDA graph."""
+    `cuda_graph` (CUDA devices only): decode with the fixed-shape step replayed from a CUDA graph.
+    `check_every`: read back whether every row has ended every this many steps (default: every step
+    on CPU; GPU_CHECK_EVERY on a GPU, where a read-back each step would stall the device); steps run
+    past the end are trimmed, so the output is the same."""
     B, P = ids.shape
     N, device = max_new_tokens, ids.device
     decoder = LeanDecoder(model, B, P + N, device)
@@ -351,6 +355,7 @@ def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: 
         step = lambda tok, s: graph.step(tok, positions + s, P + s)  # noqa: E731
     warpers = logits_warpers(temperature, top_k, top_p) if do_sample else []
     chunk = max(1, NOISE_CHUNK_BYTES // (B * logits.shape[-1] * 4))
+    check_every = check_every or (1 if device.type == "cpu" else GPU_CHECK_EVERY)
     tokens = []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     for s in range(N):
@@ -364,9 +369,12 @@ def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: 
             token = logits.argmax(-1)
         tokens.append(token)
         done |= token == eos_id
-        if s == N - 1 or bool(done.all()):
+        if s == N - 1 or ((s + 1) % check_every == 0 and bool(done.all())):
             break
         logits = step(token, s)
     out = torch.stack(tokens, 1)
     eos = out == eos_id
-    return out.masked_fill(eos.cumsum(1) > eos.long(), pad_id)  # PAD after each row's first EOS
+    ended = eos.cumsum(1)
+    out = out.masked_fill(ended > eos.long(), pad_id)  # PAD after each row's first EOS
+    all_ended = (ended > 0).all(0).nonzero()
+    return out[:, :int(all_ended[0]) + 1] if len(all_ended) else out  # up to the step where the last row ended

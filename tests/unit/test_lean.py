@@ -156,6 +156,24 @@ def test_rows_stop_at_eos_and_the_batch_stops_when_all_have():
     assert out.tolist() == [[TOK.eos_token_id]] * 4
 
 
+def test_checking_for_the_end_every_few_steps_gives_the_same_output():
+    """A GPU reads back whether every row has ended only every few steps; the steps run past the
+    end are trimmed, so rows ending at different steps give exactly the every-step output."""
+    model = build("llama")
+    _, ids, attn = left_padded()
+    with torch.no_grad():  # EOS likely enough that rows end at different steps, well before 60
+        model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOK)))
+        model.lm_head.bias[TOK.eos_token_id] = 3.0
+    outs = []
+    for every in (1, 5, 16):
+        torch.manual_seed(4)
+        outs.append(lean_generate(model, ids, attn, 60, True, 1.0, 0, 1.0, TOK.eos_token_id, TOK.pad_token_id,
+                                  check_every=every))
+    lengths = [row.index(TOK.eos_token_id) + 1 for row in outs[0].tolist()]
+    assert len(set(lengths)) > 1 and outs[0].shape[1] == max(lengths) < 60
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+
+
 def test_generate_takes_the_lean_path_on_cpu_and_matches_the_hugging_face_path():
     model = build("qwen2")
     prompts, _, _ = left_padded()
