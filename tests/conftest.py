@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -43,6 +44,22 @@ def run_cli(tmp_path: Path, *args: str, timeout: float = 300, env: dict | None =
     cmd = (prefix or [sys.executable, "-m", "rlft.cli"]) + [str(a) for a in args]
     return subprocess.run(cmd, cwd=tmp_path, env=env or cli_env(), capture_output=True, text=True,
                           timeout=timeout)
+
+
+# A rank of a CPU (gloo) job very rarely dies inside the communication library with this message
+# (seen once in many full runs, not reproducible); multi-rank tests retry only that abort, once.
+GLOO_ABORT = "terminate called without an active exception"
+
+
+def run_cli_retrying_abort(tmp_path: Path, *args: str, clean: Path, **kwargs) -> subprocess.CompletedProcess:
+    """run_cli, run once more (after removing `clean`, the run's directory) only when a rank died
+    with GLOO_ABORT; the first attempt's output is printed. Any other failure is returned as is."""
+    proc = run_cli(tmp_path, *args, **kwargs)
+    if proc.returncode != 0 and GLOO_ABORT in proc.stderr:
+        print(f"a rank aborted in the communication library; retrying once\n{proc.stderr[-2000:]}")
+        shutil.rmtree(clean, ignore_errors=True)
+        proc = run_cli(tmp_path, *args, **kwargs)
+    return proc
 
 
 def popen_cli(tmp_path: Path, *args: str, env: dict | None = None, log: Path | None = None,

@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from conftest import (TINY, check_ok, cli_env, explain, free_port, popen_cli, read_manifest, run_cli, stage_dir,
-                      tmp_leftovers, train_records)
+from conftest import (TINY, check_ok, cli_env, explain, free_port, popen_cli, read_manifest, run_cli,
+                      run_cli_retrying_abort, stage_dir, tmp_leftovers, train_records)
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,8 @@ def curves(workdir):
 
     def get(name: str) -> list[dict]:
         if name not in cache:
-            check_ok(run_cli(workdir, "train", "algo=sft", f"run.name={name}", *BASE, *CONFIGS[name], timeout=600))
+            check_ok(run_cli_retrying_abort(workdir, "train", "algo=sft", f"run.name={name}", *BASE, *CONFIGS[name],
+                                            clean=stage_dir(workdir, name, "sft").parent, timeout=600))
             run = stage_dir(workdir, name, "sft")
             assert read_manifest(run)["completed"] is True
             assert (run / "final" / "model.safetensors").is_file()
