@@ -128,7 +128,7 @@ def run_rlft(args) -> dict:
     from rlft.algos import ADVANTAGES, AdvantageInputs
     from rlft.engine import Engine, dist
     from rlft.rollout import batch as rb
-    from rlft.rollout.generate import SamplingConfig, generate, generation_options
+    from rlft.rollout.generate import SamplingConfig, describe_sampler, generate, generation_options
     from rlft.stages.rl import Sums, advantage_config, rollout_logp, update_policy
 
     cfg = rlft_config(args)
@@ -177,7 +177,11 @@ def run_rlft(args) -> dict:
                       "peak_memory_gib": peak_memory_gib(device)})
         print(f"[rlft] step {step + 1}: " + ", ".join(f"{k} {v:.3f}s" for k, v in times.items())
               + f", {new_tokens} new tokens", file=sys.stderr, flush=True)
-    return summarise("rlft", steps[args.warmup:], args, device)
+    out = summarise("rlft", steps[args.warmup:], args, device)
+    # the paths actually taken (auto resolves by device and model)
+    out["sampler"] = describe_sampler(policy.module, sampling, device)
+    out["update_forward"] = "shared prefix" if policy.shared_prefix else f"plain ({policy.shared_prefix_off_reason})"
+    return out
 
 
 def summarise(name: str, steps: list[dict], args, device) -> dict:

@@ -39,7 +39,10 @@ def rows(reports: list[tuple[str, dict]]) -> list[dict]:
     out = []
     for name, report in reports:
         for result in report["results"]:
-            out.append({"run": name, "settings": describe(report["workload"], result["side"]),
+            settings = describe(report["workload"], result["side"])
+            if result.get("sampler"):  # the paths rlft actually took
+                settings += f"; sampler: {result['sampler']}; update: {result['update_forward']}"
+            out.append({"run": name, "settings": settings,
                         "kl_coef": report["workload"].get("kl_coef", 0.0), **result})
     return out
 

@@ -24,6 +24,7 @@ def test_bench_runs_rlft_and_trl_on_the_same_workload(tmp_path):
     assert rlft["new_tokens"] == 2 * 2 * 6  # every completion exactly --new-tokens long
     for key in ("generation_s", "scoring_s", "update_s", "step_s", "peak_memory_gib"):
         assert rlft[key] > 0, key
+    assert rlft["sampler"].startswith("lean") and rlft["update_forward"] == "shared prefix"  # CPU defaults
     assert rlft["steps_measured"] == 2 and trl["steps_measured"] == 2 and trl["step_s"] > 0
     # two rounds, alternating sides: each side's step is the median of its rounds, the ratio the
     # median of the rounds' ratios

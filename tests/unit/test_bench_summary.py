@@ -49,6 +49,15 @@ def test_cpu_reports_check_the_side_by_side_ratio(tmp_path):
     assert "GPU goals" not in text
 
 
+def test_the_paths_rlft_took_are_shown_when_reported(tmp_path):
+    ran = dict(rlft("cuda:0", 0.9, 45_000.0, 140_000.0, 12.0), sampler="Hugging Face generate, static cache (engine.generation_impl=auto)",
+               update_forward="shared prefix")
+    write(tmp_path, "rlft_default", dict(WORKLOAD, generation_impl="auto"), ran)
+    row = next(line for line in bench_summary.summary(tmp_path).splitlines() if line.startswith("| rlft_default"))
+    assert row.endswith("generation_impl=auto, cache=static, shared_prefix=true, kl_coef=0.0; sampler: Hugging Face "
+                        "generate, static cache (engine.generation_impl=auto); update: shared prefix |")
+
+
 def test_an_empty_directory_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no bench_\\*.json in"):
         bench_summary.summary(tmp_path)
