@@ -35,10 +35,12 @@ class PrefixLayout:
 
     @property
     def group_size(self) -> int | None:
-        """G when the rows come in consecutive groups of G per distinct prompt (GRPO's layout), else None."""
-        G = len(self.group) // max(1, len(self.distinct))
-        return G if all(g == r // G for r, g in enumerate(self.group)) and G * len(self.distinct) == len(self.group) \
-            else None
+        """G when row r samples distinct prompt r // G for every row (GRPO's layout: consecutive
+        groups of equal size), else None."""
+        G, rest = divmod(len(self.group), max(1, len(self.distinct)))
+        if G == 0 or rest:
+            return None
+        return G if self.group == [r // G for r in range(len(self.group))] else None
 
 
 def prefix_layout(ids: torch.Tensor, attn: torch.Tensor, prompt_lens: list[int]) -> PrefixLayout:
