@@ -338,6 +338,8 @@ def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: 
     past the end are trimmed, so the output is the same."""
     B, P = ids.shape
     N, device = max_new_tokens, ids.device
+    if N <= 0:
+        return torch.full((B, 0), pad_id, dtype=torch.long, device=device)
     decoder = LeanDecoder(model, B, P + N, device)
     unique_ids, unique_attn, rows = distinct_rows(ids, attn)
     logits = decoder.prefill(unique_ids, unique_attn, rows)

@@ -145,6 +145,13 @@ def test_sampling_honours_top_k_top_p_temperature_and_suppressed_tokens():
     assert not torch.equal(wide, greedy) and not (wide == TOK.eos_token_id).any()
 
 
+def test_no_new_tokens_is_an_empty_completion():
+    model = build("llama")
+    _, ids, attn = left_padded()
+    out = lean_generate(model, ids, attn, 0, True, 1.0, 0, 1.0, TOK.eos_token_id, TOK.pad_token_id)
+    assert out.shape == (4, 0) and out.dtype == torch.long
+
+
 def test_rows_stop_at_eos_and_the_batch_stops_when_all_have():
     model = build("llama")
     _, ids, attn = left_padded()
