@@ -112,6 +112,9 @@ class EngineConfig:
     generation_impl: str = "auto"
     """Sampler: lean (rlft's own decoding loop for Llama-family models) | hf (Hugging Face generate)
     | auto (lean on CPU where the model allows it, else hf)."""
+    generation_kernel: str = "auto"
+    """The lean sampler's decoding step on CPU: native (rlft's compiled kernel, fp32; built on first
+    use, ~30 s) | torch (PyTorch operations) | auto (native where it builds and applies, else torch)."""
 
 
 @dataclass
@@ -541,6 +544,7 @@ def validate(cfg) -> None:
     _check_choice("engine.precision", e.precision, ["fp32", "bf16"])
     _check_choice("engine.generation_cache", e.generation_cache, ["static", "dynamic"])
     _check_choice("engine.generation_impl", e.generation_impl, ["auto", "lean", "hf"])
+    _check_choice("engine.generation_kernel", e.generation_kernel, ["auto", "native", "torch"])
     _check_choice("engine.backend", e.backend, ["auto", "gloo", "nccl"])
     _check_choice("engine.device", e.device, ["auto", "cpu", "cuda"])
     _check_choice("train.lr_schedule", t.lr_schedule, ["cosine", "linear", "constant"])

@@ -7,7 +7,8 @@ policy took) and nothing after it; one that reaches max_new_tokens without EOS i
 Speed (engine.generation_*): rows are generated in batches of similar prompt length (prompt
 bucketing: less left padding). Each batch then runs either the lean sampler (rlft/rollout/lean.py:
 Llama-family models, the prompt prefilled once per distinct prompt, a preallocated cache, no
-per-step framework overhead; the default on CPU) or Hugging Face's `generate`, padded to a
+per-step framework overhead; the default on CPU, where its step is a compiled kernel,
+rlft/rollout/native.py) or Hugging Face's `generate`, padded to a
 multiple of `pad_multiple` tokens so that only a few shapes occur, with a static KV cache whose
 decoding step Hugging Face compiles on a GPU (torch.compile + CUDA graphs), or the dynamic cache.
 """
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from rlft.data.encode import collate_padded
-from rlft.rollout.lean import lean_generate, unsupported
+from rlft.rollout import native
+from rlft.rollout.lean import lean_generate, native_unsupported, unsupported
 
 
 @dataclass
@@ -34,10 +36,12 @@ class SamplingConfig:
     bucket: bool = True  # batch rows of similar prompt length together
     pad_multiple: int = 16  # left-pad each batch's prompts to a multiple of this many tokens (Hugging Face path)
     impl: str = "auto"  # lean | hf | auto (lean where the model allows it, on CPU)
+    kernel: str = "auto"  # lean sampler's CPU step: native (compiled kernel) | torch | auto (native where it builds)
 
 
 GENERATION_CACHES = ("static", "dynamic")
 GENERATION_IMPLS = ("auto", "lean", "hf")
+GENERATION_KERNELS = ("auto", "native", "torch")
 DISTRIBUTION_NEUTRAL = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_repetition_penalty=1.0,
                             min_new_tokens=None, min_length=0, bad_words_ids=None, sequence_bias=None)
 
@@ -46,7 +50,7 @@ def generation_options(engine_cfg) -> dict:
     """SamplingConfig's speed fields from the engine config (engine.generation_*)."""
     return dict(cache=engine_cfg.generation_cache, compile=engine_cfg.generation_compile,
                 bucket=engine_cfg.generation_bucket, pad_multiple=engine_cfg.generation_pad_multiple,
-                impl=engine_cfg.generation_impl)
+                impl=engine_cfg.generation_impl, kernel=engine_cfg.generation_kernel)
 
 
 def use_lean(model, sampling: SamplingConfig, device: torch.device, total_len: int) -> bool:
@@ -64,12 +68,32 @@ def use_lean(model, sampling: SamplingConfig, device: torch.device, total_len: i
     return reason is None and device.type == "cpu"
 
 
+def native_kernel(model, sampling: SamplingConfig, device: torch.device):
+    """The compiled CPU decoding kernel for the lean sampler (rlft/rollout/native.py), or None for its
+    PyTorch step: kernel=torch never; auto where the model, device and machine allow it; native
+    always (an error naming the reason when it cannot)."""
+    if sampling.kernel == "torch":
+        return None
+    reason = native_unsupported(model, device) or native.unavailable_reason()
+    if reason:
+        if sampling.kernel == "native":
+            raise ValueError(f"engine.generation_kernel=native cannot decode here: {reason}; "
+                             "use engine.generation_kernel=torch (or auto)")
+        return None
+    return native.kernel()
+
+
 def describe_sampler(model, sampling: SamplingConfig, device: torch.device) -> str:
     """One line on which sampler runs, and why (for the run's console header)."""
     total = sampling.max_new_tokens + 1
     if use_lean(model, sampling, device, total):
-        graph = " with CUDA-graph decoding" if device.type == "cuda" and sampling.compile else ""
-        return f"lean (rlft's decoding loop{graph})"
+        if device.type == "cuda":
+            return "lean (rlft's decoding loop" + (" with CUDA-graph decoding)" if sampling.compile else ")")
+        if native_kernel(model, sampling, device) is not None:
+            return "lean (rlft's decoding loop, compiled CPU kernel)"
+        why = ("engine.generation_kernel=torch" if sampling.kernel == "torch" else
+               f"kernel unavailable: {native_unsupported(model, device) or native.unavailable_reason()}")
+        return f"lean (rlft's decoding loop, PyTorch step; {why})"
     reason = unsupported(model, total)
     why = f"; lean unsupported: {reason}" if reason else f" (engine.generation_impl={sampling.impl})"
     return f"Hugging Face generate, {sampling.cache} cache{why}"
@@ -109,7 +133,7 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], samples_per_prompt: 
         if use_lean(model, sampling, device, ids.shape[1] + sampling.max_new_tokens):
             new = lean_generate(model, ids.to(device), attn.to(device), sampling.max_new_tokens, sampling.do_sample,
                                 sampling.temperature, sampling.top_k, sampling.top_p, eos, pad,
-                                cuda_graph=sampling.compile)
+                                cuda_graph=sampling.compile, native=native_kernel(model, sampling, device))
             for k, row in zip(chunk, new.tolist()):
                 results[k] = cut_at_eos(row, eos, pad)
             continue

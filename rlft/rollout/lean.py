@@ -125,6 +125,29 @@ class LayerWeights:
         self.norm_in, self.norm_post = layer.input_layernorm, layer.post_attention_layernorm
         self.scaling = attn.scaling
 
+    def native_tensors(self) -> list[torch.Tensor]:
+        """The 12 tensors the CPU kernel takes per layer (rlft/rollout/csrc/decode_cpu.cpp), an empty
+        tensor for an absent bias or norm."""
+        none = torch.empty(0)
+        q_norm, k_norm = (self.q_norm[0], self.k_norm[0]) if self.q_norm else (None, None)
+        parts = [self.norm_in.weight, self.qkv, self.qkv_bias, q_norm, k_norm, self.o.weight, self.o.bias,
+                 self.norm_post.weight, self.gate_up, self.gate_up_bias, self.down.weight, self.down.bias]
+        return [none if p is None else p.detach().contiguous() for p in parts]
+
+
+def native_unsupported(model, device: torch.device) -> str | None:
+    """Why the CPU kernel cannot decode for `model` on `device` (None when it can), besides
+    `unsupported` and the kernel being built: it runs fp32 on the CPU, with one RMSNorm epsilon."""
+    if device.type != "cpu":
+        return f"device {device.type} (the decoding kernel is CPU-only)"
+    dtypes = {p.dtype for p in model.parameters()}
+    if dtypes != {torch.float32}:
+        return f"parameters in {', '.join(sorted(str(d).replace('torch.', '') for d in dtypes))} (the kernel is fp32)"
+    eps = {m.variance_epsilon for m in model.modules() if hasattr(m, "variance_epsilon")}
+    if len(eps) != 1:
+        return f"RMSNorm epsilons {sorted(eps)} (the kernel takes one)"
+    return None
+
 
 def residual_linear(x: torch.Tensor, inp: torch.Tensor, lin: torch.nn.Linear) -> torch.Tensor:
     """x + lin(inp) for 2-D x and inp, in one product when the layer has no bias."""
@@ -141,16 +164,20 @@ class LeanDecoder:
     new column chosen by a device tensor), which a CUDA graph can capture and replay;
     `FixedStepGraph` does that on a GPU."""
 
-    def __init__(self, model, batch: int, max_len: int, device: torch.device):
+    def __init__(self, model, batch: int, max_len: int, device: torch.device, native=None):
         self.model, self.body, self.arch = model, model.model, Arch(model)
+        self.native = native  # the CPU kernel module (rlft/rollout/native.py), or None
         dtype = self.body.embed_tokens.weight.dtype
         shape = (batch, self.arch.kv_heads, max_len, self.arch.head_dim)
+        # the kernel caches keys transposed, [batch, KV, D, L]
+        key_shape = (batch, self.arch.kv_heads, self.arch.head_dim, max_len) if native is not None else shape
         # zeros, not empty: the fixed-shape step reads unfilled columns (masked, weight 0, but
         # garbage such as NaN would survive 0 * NaN)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
+        self.keys = [torch.zeros(key_shape, dtype=dtype, device=device) for _ in self.body.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
         with torch.no_grad():
             self.weights = [LayerWeights(self.arch, layer) for layer in self.body.layers]
+            self.native_layers = [w.native_tensors() for w in self.weights] if native is not None else None
         self.length = 0  # cache columns filled
         # rotary rotations (complex, [max_len, D/2]) of every position this batch can reach
         cos, sin = rotary_table(model, max_len, torch.float32, device)
@@ -199,7 +226,10 @@ class LeanDecoder:
         freqs = self.freqs[positions][:, None]
 
         def attend(i, q, k, v):
-            self.keys[i][:, :, :P] = k.index_select(0, rows)
+            if self.native is not None:
+                self.keys[i][..., :P] = k.index_select(0, rows).transpose(-1, -2)
+            else:
+                self.keys[i][:, :, :P] = k.index_select(0, rows)
             self.values[i][:, :, :P] = v.index_select(0, rows)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.weights[i].scaling,
                                                   enable_gqa=self.arch.kv_heads != self.arch.heads)
@@ -217,6 +247,8 @@ class LeanDecoder:
 
     def step_rotated(self, tokens: torch.Tensor, freqs: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """`step` with the rows' rotary rotations freqs [batch, D/2] given (looked up in advance)."""
+        if self.native is not None:
+            return self.step_native(tokens, freqs.real.contiguous(), freqs.imag.contiguous(), key_bias(key_mask))
         t, B = self.length, tokens.shape[0]
         mask = None if key_mask is None else key_mask[:, None, None, :t + 1]
 
@@ -233,6 +265,20 @@ class LeanDecoder:
             x = self._layer(i, x, B, 1, freqs, attend)
         self.length = t + 1
         return self._logits(x)
+
+    def step_native(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    bias: torch.Tensor) -> torch.Tensor:
+        """`step` by the CPU kernel: cos, sin [batch, D/2] the rows' rotations, bias [batch, L] 0 where
+        a row may attend and -inf where not (empty: everywhere)."""
+        a, w = self.arch, self.weights[0]
+        x = F.embedding(tokens, self.body.embed_tokens.weight)
+        head = self.model.lm_head
+        logits = self.native.decode_step(
+            x, self.native_layers, self.keys, self.values, cos, sin, bias, self.length, a.heads, a.kv_heads,
+            a.head_dim, w.scaling, w.norm_in.variance_epsilon, self.body.norm.weight,
+            head.weight, torch.empty(0) if self.head_bias is None else self.head_bias)
+        self.length += 1
+        return logits
 
     def fixed_step(self, tokens: torch.Tensor, positions: torch.Tensor, column: torch.Tensor,
                    visible: torch.Tensor) -> torch.Tensor:
@@ -286,6 +332,13 @@ class FixedStepGraph:
         return self.logits
 
 
+def key_bias(key_mask: torch.Tensor | None) -> torch.Tensor:
+    """A boolean key mask [B, L] as the kernel's additive bias (0 / -inf); empty for no mask."""
+    if key_mask is None:
+        return torch.empty(0)
+    return torch.zeros(key_mask.shape, device=key_mask.device).masked_fill_(~key_mask, -float("inf"))
+
+
 def rotary_table(model, length: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [length, D] of positions 0..length-1, from the model's own rotary embedding."""
     cos, sin = model.model.rotary_emb(torch.empty(0, dtype=dtype, device=device),
@@ -329,18 +382,19 @@ GPU_CHECK_EVERY = 16  # on a GPU, whether every row has ended is read back every
 @torch.no_grad()
 def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: int, do_sample: bool,
                   temperature: float, top_k: int, top_p: float, eos_id: int, pad_id: int,
-                  cuda_graph: bool = False, check_every: int | None = None) -> torch.Tensor:
+                  cuda_graph: bool = False, check_every: int | None = None, native=None) -> torch.Tensor:
     """New tokens [B, <= max_new_tokens] for the left-padded prompts `ids`/`attn`, PAD after a row's
     EOS (Hugging Face generate's output past the prompt). Stops when every row has ended.
     `cuda_graph` (CUDA devices only): decode with the fixed-shape step replayed from a CUDA graph.
     `check_every`: read back whether every row has ended every this many steps (default: every step
     on CPU; GPU_CHECK_EVERY on a GPU, where a read-back each step would stall the device); steps run
-    past the end are trimmed, so the output is the same."""
+    past the end are trimmed, so the output is the same. `native`: the CPU kernel module
+    (rlft/rollout/native.py) to decode with, or None for the PyTorch step."""
     B, P = ids.shape
     N, device = max_new_tokens, ids.device
     if N <= 0:
         return torch.full((B, 0), pad_id, dtype=torch.long, device=device)
-    decoder = LeanDecoder(model, B, P + N, device)
+    decoder = LeanDecoder(model, B, P + N, device, native=native)
     unique_ids, unique_attn, rows = distinct_rows(ids, attn)
     logits = decoder.prefill(unique_ids, unique_attn, rows)
     key_mask = None
@@ -350,6 +404,10 @@ def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: 
     positions = attn.long().sum(-1)  # the next token's position: real tokens so far
     freqs = decoder.freqs[positions[:, None] + torch.arange(N, device=device)]  # [B, N, D/2]: step s's rotations
     step = lambda tok, s: decoder.step_rotated(tok, freqs[:, s], key_mask)  # noqa: E731
+    if native is not None:
+        by_step = freqs.transpose(0, 1)  # [N, B, D/2]: each step's rotations contiguous
+        cos, sin, bias = by_step.real.contiguous(), by_step.imag.contiguous(), key_bias(key_mask)
+        step = lambda tok, s: decoder.step_native(tok, cos[s], sin[s], bias)  # noqa: E731
     if cuda_graph and device.type == "cuda" and N > 1:
         visible = torch.zeros(B, P + N, dtype=torch.bool, device=device)
         visible[:, :P] = attn.bool()

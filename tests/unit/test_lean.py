@@ -7,14 +7,29 @@ to 1e-5; sampling draws from the same distribution (checked on one step against 
 softmax) and honours temperature, top-k, top-p and suppressed tokens."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from lean_models import MODELS, SPECIAL, TOK, build
-from rlft.rollout.generate import SamplingConfig, cut_at_eos, generate, use_lean
-from rlft.rollout.lean import (LeanDecoder, distinct_rows, gumbel_sample, lean_generate, pair_order, rotate_pairs,
-                               unsupported)
+from rlft.rollout import native
+from rlft.rollout.generate import SamplingConfig, cut_at_eos, describe_sampler, generate, native_kernel, use_lean
+from rlft.rollout.lean import (LeanDecoder, distinct_rows, gumbel_sample, lean_generate, native_unsupported,
+                               pair_order, rotate_pairs, unsupported)
 
 TEXTS = ["Q: 1+2?\nA:", "Q: what is 12 times 7, minus 3?\nA:", "Q: 5?\nA:", "Q: 1+2?\nA:"]
+
+
+def step_kernel(which: str):
+    """None for the PyTorch decoding step; the compiled CPU kernel for "native" (CI must build it:
+    elsewhere a machine without a C++ compiler skips these cases)."""
+    if which == "torch":
+        return None
+    reason = native.unavailable_reason()
+    if reason and not os.environ.get("CI"):
+        pytest.skip(f"CPU decoding kernel unavailable: {reason}")
+    assert reason is None, reason
+    return native.kernel()
 
 
 def left_padded(texts=TEXTS):
@@ -24,18 +39,21 @@ def left_padded(texts=TEXTS):
     return prompts, ids, (ids != TOK.pad_token_id).long()
 
 
+@pytest.mark.parametrize("kernel", ["torch", "native"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_greedy_completions_equal_hugging_face_generate(name):
+def test_greedy_completions_equal_hugging_face_generate(name, kernel):
     model = build(name)
     _, ids, attn = left_padded()
     ref = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=20, do_sample=False,
                          pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id)[:, ids.shape[1]:]
-    lean = lean_generate(model, ids, attn, 20, False, 1.0, 0, 1.0, TOK.eos_token_id, TOK.pad_token_id)
+    lean = lean_generate(model, ids, attn, 20, False, 1.0, 0, 1.0, TOK.eos_token_id, TOK.pad_token_id,
+                         native=step_kernel(kernel))
     assert torch.equal(lean, ref)
 
 
+@pytest.mark.parametrize("kernel", ["torch", "native"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_every_step_log_probs_equal_a_teacher_forced_forward(name):
+def test_every_step_log_probs_equal_a_teacher_forced_forward(name, kernel):
     """Feed a fixed continuation through the lean decoder step by step and compare each step's
     log-softmax with one Hugging Face forward over the whole (left-padded) sequences."""
     model = build(name)
@@ -46,7 +64,7 @@ def test_every_step_log_probs_equal_a_teacher_forced_forward(name):
         ref = model(input_ids=full, attention_mask=full_attn).logits.float().log_softmax(-1)
         ref = ref[:, ids.shape[1] - 1:-1]  # predictions of cont[0] .. cont[-1]
     B, P = ids.shape
-    decoder = LeanDecoder(model, B, P + cont.shape[1], ids.device)
+    decoder = LeanDecoder(model, B, P + cont.shape[1], ids.device, native=step_kernel(kernel))
     uniq, uattn, rows = distinct_rows(ids, attn)
     assert len(uniq) == 3  # the repeated prompt is prefilled once
     steps = [decoder.prefill(uniq, uattn, rows)]
@@ -241,10 +259,68 @@ def test_cuda_graph_decoding_equals_eager_decoding(name):
 def test_the_sampler_in_use_is_described_with_its_reason():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rlft.rollout.generate import describe_sampler
-
     cpu = torch.device("cpu")
     assert describe_sampler(build("llama"), SamplingConfig(), cpu).startswith("lean")
+    if native.unavailable_reason() is None:
+        assert describe_sampler(build("llama"), SamplingConfig(), cpu) == "lean (rlft's decoding loop, compiled CPU kernel)"
+    assert describe_sampler(build("llama"), SamplingConfig(kernel="torch"), cpu) == \
+        "lean (rlft's decoding loop, PyTorch step; engine.generation_kernel=torch)"
     assert "engine.generation_impl=hf" in describe_sampler(build("llama"), SamplingConfig(impl="hf"), cpu)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(TOK), n_embd=32, n_layer=1, n_head=2, **SPECIAL))
     assert "lean unsupported: architecture 'gpt2'" in describe_sampler(gpt2, SamplingConfig(), cpu)
+
+
+def test_native_kernel_samples_what_the_pytorch_step_samples():
+    """Same seed, same Gumbel noise, logits equal to ~1e-6: the same completions, EOS and padding
+    included (rows end at different steps)."""
+    kernel = step_kernel("native")
+    model = build("qwen2")  # biases on q/k/v, grouped-query attention
+    _, ids, attn = left_padded()
+    with torch.no_grad():  # EOS likely enough that rows end at different steps (the head has a bias)
+        model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOK)))
+        model.lm_head.bias[TOK.eos_token_id] = 3.0
+    outs = []
+    for k in (None, kernel):
+        torch.manual_seed(3)
+        outs.append(lean_generate(model, ids, attn, 60, True, 0.8, 0, 1.0, TOK.eos_token_id, TOK.pad_token_id,
+                                  native=k))
+    assert torch.equal(outs[0], outs[1])
+    lengths = [row.index(TOK.eos_token_id) + 1 for row in outs[0].tolist()]
+    assert len(set(lengths)) > 1
+
+
+def test_native_kernel_applies_only_where_it_can_and_says_why_not():
+    cpu = torch.device("cpu")
+    model = build("llama")
+    assert native_unsupported(model, cpu) is None
+    assert "CPU-only" in native_unsupported(model, torch.device("cuda"))
+    assert "bfloat16" in native_unsupported(build("llama").to(torch.bfloat16), cpu)
+    model.model.norm.variance_epsilon = 1e-3
+    assert "epsilons" in native_unsupported(model, cpu)
+    assert native_kernel(model, SamplingConfig(kernel="auto"), cpu) is None
+    with pytest.raises(ValueError, match="engine.generation_kernel=torch"):
+        native_kernel(model, SamplingConfig(kernel="native"), cpu)
+    assert native_kernel(build("llama"), SamplingConfig(kernel="torch"), cpu) is None
+
+
+def test_a_kernel_that_cannot_be_built_leaves_the_pytorch_step(monkeypatch):
+    monkeypatch.setattr(native, "_loaded", {"error": "CalledProcessError: g++: command not found"})
+    cpu = torch.device("cpu")
+    model = build("llama")
+    assert native_kernel(model, SamplingConfig(), cpu) is None
+    described = describe_sampler(model, SamplingConfig(), cpu)
+    assert described.endswith("PyTorch step; kernel unavailable: CalledProcessError: g++: command not found)")
+    with pytest.raises(ValueError, match="g\\+\\+: command not found"):
+        native_kernel(model, SamplingConfig(kernel="native"), cpu)
+    prompts, _, _ = left_padded()
+    got = generate(model, TOK, prompts, 1, SamplingConfig(12, False, batch_size=4))
+    ref = generate(model, TOK, prompts, 1, SamplingConfig(12, False, batch_size=4, impl="hf"))
+    assert got.completion_ids == ref.completion_ids
+
+
+def test_the_kernel_is_cached_per_source_flags_and_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLFT_KERNEL_CACHE", str(tmp_path))
+    first = native.cache_dir()
+    assert first.parent == tmp_path and first.name.startswith("rlft_decode_cpu-")
+    monkeypatch.setattr(native, "cpu_signature", lambda: "another machine")
+    assert native.cache_dir() != first
