@@ -113,7 +113,8 @@ def rlft_config(args):
                  f"train.max_seq_len={args.prompt_tokens}", "train.lr=1e-6", "train.warmup_steps=0",
                  f"engine.precision={args.precision}", f"engine.zero_stage={args.zero_stage}",
                  f"engine.generation_cache={args.cache}", f"engine.device={args.device}",
-                 f"engine.generation_impl={args.generation_impl}", f"engine.shared_prefix={args.shared_prefix}",
+                 f"engine.generation_impl={args.generation_impl}", f"engine.generation_kernel={args.generation_kernel}",
+                 f"engine.shared_prefix={args.shared_prefix}",
                  f"engine.activation_checkpointing={str(args.activation_checkpointing).lower()}",
                  f"engine.threads_per_rank={args.threads}", "logger.wandb=disabled", "logger.progress=false"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -324,6 +325,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cache", choices=["static", "dynamic"], default="static", help="KV cache for generation")
     p.add_argument("--generation-impl", choices=["auto", "lean", "hf"], default="auto",
                    help="rlft's sampler: lean (own decoding loop), hf (generate), auto (lean on CPU)")
+    p.add_argument("--generation-kernel", choices=["auto", "native", "torch"], default="auto",
+                   help="the lean sampler's CPU step: native (compiled kernel), torch, auto (native where it builds)")
     p.add_argument("--shared-prefix", choices=["true", "false"], default="true",
                    help="rlft's update runs each distinct prompt once (false: the plain forward)")
     p.add_argument("--zero-stage", type=int, default=0)
@@ -383,7 +386,8 @@ def main(argv: list[str]) -> None:
     resolved = explicit + [f"--shape={args.shape}", f"--prompt-tokens={args.prompt_tokens}",
                            f"--new-tokens={args.new_tokens}", f"--precision={args.precision}"]
     workload = {k: getattr(args, k) for k in ("shape", "prompts", "samples", "prompt_tokens", "new_tokens", "kl_coef",
-                                              "precision", "cache", "generation_impl", "shared_prefix", "zero_stage",
+                                              "precision", "cache", "generation_impl", "generation_kernel", "shared_prefix",
+                                              "zero_stage",
                                               "steps", "warmup", "threads", "rounds")}
     if args.peer == "trl":
         workload["peer_cache"] = args.peer_cache

@@ -22,7 +22,7 @@ GOALS = [  # (label, key, better: "max" keeps values at most the bound, "min" at
 ]
 SPEEDUP_GOAL = 6.0  # GPU: TRL's fastest step / rlft's fastest step
 CPU_RATIO_GOAL = 0.5  # CPU: rlft's step / TRL's step in the same report
-RLFT_KEYS = ("generation_impl", "cache", "shared_prefix", "kl_coef")
+RLFT_KEYS = ("generation_impl", "generation_kernel", "cache", "shared_prefix", "kl_coef")
 TRL_KEYS = ("peer_cache", "peer_dtype", "kl_coef")
 
 

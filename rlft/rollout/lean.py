@@ -18,7 +18,10 @@ step as it can, with:
   temperature, top-k and top-p by Hugging Face's own logits warpers; the model's
   `generation_config.suppress_tokens` as -inf in the LM head's bias;
 - on a GPU (cuda_graph=True), a fixed-shape decoding step captured once per batch as a CUDA graph
-  and replayed for every token.
+  and replayed for every token;
+- on the CPU in fp32 (native=the kernel module), the decoding step compiled from C++
+  (rlft/rollout/native.py, csrc/decode_cpu.cpp): the same computation with its element-wise work
+  and attention fused into a few loops; keys are then cached transposed ([B, KV, D, L]).
 
 It reads parameters directly, so it must run where they are whole (under ZeRO-3, inside the
 engine's gathered context, as all generation does). `unsupported(model)` says why a model cannot
