@@ -21,7 +21,9 @@ step as it can, with:
   and replayed for every token;
 - on the CPU in fp32 (native=the kernel module), the decoding step compiled from C++
   (rlft/rollout/native.py, csrc/decode_cpu.cpp): the same computation with its element-wise work
-  and attention fused into a few loops; keys are then cached transposed ([B, KV, D, L]).
+  and attention fused into a few loops; keys are then cached transposed, each distinct prompt's
+  once for all its rows ([U, KV, D, P]) and the rows' own apart ([B, KV, D, N]) (columns rounded
+  up to a multiple of 16).
 
 It reads parameters directly, so it must run where they are whole (under ZeRO-3, inside the
 engine's gathered context, as all generation does). `unsupported(model)` says why a model cannot
@@ -170,14 +172,13 @@ class LeanDecoder:
     def __init__(self, model, batch: int, max_len: int, device: torch.device, native=None):
         self.model, self.body, self.arch = model, model.model, Arch(model)
         self.native = native  # the CPU kernel module (rlft/rollout/native.py), or None
+        self.batch, self.max_len = batch, max_len
         dtype = self.body.embed_tokens.weight.dtype
         shape = (batch, self.arch.kv_heads, max_len, self.arch.head_dim)
-        # the kernel caches keys transposed, [batch, KV, D, L]
-        key_shape = (batch, self.arch.kv_heads, self.arch.head_dim, max_len) if native is not None else shape
         # zeros, not empty: the fixed-shape step reads unfilled columns (masked, weight 0, but
-        # garbage such as NaN would survive 0 * NaN)
-        self.keys = [torch.zeros(key_shape, dtype=dtype, device=device) for _ in self.body.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers]
+        # garbage such as NaN would survive 0 * NaN). The kernel's caches are laid out at prefill.
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers] if native is None else []
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.body.layers] if native is None else []
         with torch.no_grad():
             self.weights = [LayerWeights(self.arch, layer) for layer in self.body.layers]
             self.native_layers = [w.native_tensors() for w in self.weights] if native is not None else None
@@ -229,14 +230,26 @@ class LeanDecoder:
         freqs = self.freqs[positions][:, None]
 
         def attend(i, q, k, v):
-            if self.native is not None:
-                self.keys[i][..., :P] = k.index_select(0, rows).transpose(-1, -2)
+            if self.native is not None:  # the kernel's cache: each prompt once, the rows' own columns apart
+                keys = k.new_zeros(u, a.kv_heads, a.head_dim, kernel_columns(P))
+                keys[..., :P] = k.transpose(-1, -2)
+                self.keys_p.append(keys)
+                self.values_p.append(v.contiguous())
             else:
                 self.keys[i][:, :, :P] = k.index_select(0, rows)
-            self.values[i][:, :, :P] = v.index_select(0, rows)
+                self.values[i][:, :, :P] = v.index_select(0, rows)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.weights[i].scaling,
                                                   enable_gqa=self.arch.kv_heads != self.arch.heads)
 
+        a = self.arch
+        if self.native is not None:
+            own = self.max_len - P
+            self.keys_p, self.values_p = [], []
+            self.prompt_of, self.prompt_bias = rows.contiguous(), key_bias(attn.bool())
+            self.keys = [ids.new_zeros((self.batch, a.kv_heads, a.head_dim, kernel_columns(own)), dtype=torch.float32)
+                         for _ in self.weights]
+            self.values = [ids.new_zeros((self.batch, a.kv_heads, own, a.head_dim), dtype=torch.float32)
+                           for _ in self.weights]
         x = self.body.embed_tokens(ids).view(u * P, -1)
         for i in range(len(self.weights)):
             x = self._layer(i, x, u, P, freqs, attend)
@@ -250,8 +263,8 @@ class LeanDecoder:
 
     def step_rotated(self, tokens: torch.Tensor, freqs: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """`step` with the rows' rotary rotations freqs [batch, D/2] given (looked up in advance)."""
-        if self.native is not None:
-            return self.step_native(tokens, freqs.real.contiguous(), freqs.imag.contiguous(), key_bias(key_mask))
+        if self.native is not None:  # the prompt's mask was set at prefill; a row's own columns are all visible
+            return self.step_native(tokens, freqs.real.contiguous(), freqs.imag.contiguous())
         t, B = self.length, tokens.shape[0]
         mask = None if key_mask is None else key_mask[:, None, None, :t + 1]
 
@@ -269,17 +282,17 @@ class LeanDecoder:
         self.length = t + 1
         return self._logits(x)
 
-    def step_native(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    bias: torch.Tensor) -> torch.Tensor:
-        """`step` by the CPU kernel: cos, sin [batch, D/2] the rows' rotations, bias [batch, L] 0 where
-        a row may attend and -inf where not (empty: everywhere)."""
+    def step_native(self, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """`step` by the CPU kernel (cos, sin [batch, D/2]: the rows' rotations), attending to the
+        prompt's real tokens and all of the row's own."""
         a, w = self.arch, self.weights[0]
         x = F.embedding(tokens, self.body.embed_tokens.weight)
         head = self.model.lm_head
+        own = self.length - self.values_p[0].shape[2]  # the row's own cache column to fill
         logits = self.native.decode_step(
-            x, self.native_layers, self.keys, self.values, cos, sin, bias, self.length, a.heads, a.kv_heads,
-            a.head_dim, w.scaling, w.norm_in.variance_epsilon, self.body.norm.weight,
-            head.weight, torch.empty(0) if self.head_bias is None else self.head_bias)
+            x, self.native_layers, self.keys_p, self.values_p, self.prompt_bias, self.prompt_of, self.keys,
+            self.values, cos, sin, own, a.heads, a.kv_heads, a.head_dim, w.scaling, w.norm_in.variance_epsilon,
+            self.body.norm.weight, head.weight, torch.empty(0) if self.head_bias is None else self.head_bias)
         self.length += 1
         return logits
 
@@ -335,9 +348,14 @@ class FixedStepGraph:
         return self.logits
 
 
-def key_bias(key_mask: torch.Tensor | None) -> torch.Tensor:
-    """A boolean key mask [B, L] as the kernel's additive bias (0 / -inf); empty for no mask."""
-    if key_mask is None:
+def kernel_columns(columns: int) -> int:
+    """Key columns the kernel allocates for `columns`: a multiple of 16 (it reads whole blocks)."""
+    return -(-columns // 16) * 16
+
+
+def key_bias(key_mask: torch.Tensor) -> torch.Tensor:
+    """A boolean key mask [B, L] as the kernel's additive bias (0 / -inf); empty when all is visible."""
+    if bool(key_mask.all()):
         return torch.empty(0)
     return torch.zeros(key_mask.shape, device=key_mask.device).masked_fill_(~key_mask, -float("inf"))
 
@@ -409,8 +427,8 @@ def lean_generate(model, ids: torch.Tensor, attn: torch.Tensor, max_new_tokens: 
     step = lambda tok, s: decoder.step_rotated(tok, freqs[:, s], key_mask)  # noqa: E731
     if native is not None:
         by_step = freqs.transpose(0, 1)  # [N, B, D/2]: each step's rotations contiguous
-        cos, sin, bias = by_step.real.contiguous(), by_step.imag.contiguous(), key_bias(key_mask)
-        step = lambda tok, s: decoder.step_native(tok, cos[s], sin[s], bias)  # noqa: E731
+        cos, sin = by_step.real.contiguous(), by_step.imag.contiguous()
+        step = lambda tok, s: decoder.step_native(tok, cos[s], sin[s])  # noqa: E731
     if cuda_graph and device.type == "cuda" and N > 1:
         visible = torch.zeros(B, P + N, dtype=torch.bool, device=device)
         visible[:, :P] = attn.bool()

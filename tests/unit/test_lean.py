@@ -324,3 +324,19 @@ def test_the_kernel_is_cached_per_source_flags_and_cpu(monkeypatch, tmp_path):
     assert first.parent == tmp_path and first.name.startswith("rlft_decode_cpu-")
     monkeypatch.setattr(native, "cpu_signature", lambda: "another machine")
     assert native.cache_dir() != first
+
+
+@pytest.mark.parametrize("name", ["llama-gqa-untied", "qwen3"])
+def test_native_kernel_on_unpadded_grouped_prompts_equals_hugging_face(name):
+    """GRPO's layout: G consecutive rows per prompt, all prompts the same length (no padding, so no
+    prompt mask); each prompt's keys and values are cached once for its rows. 37 new tokens: the
+    rows' own key columns end inside a block of 16."""
+    kernel = step_kernel("native")
+    model = build(name)
+    prompts = torch.randint(3, len(TOK), (3, 9), generator=torch.Generator().manual_seed(5))
+    ids = prompts.repeat_interleave(4, 0)
+    attn = torch.ones_like(ids)
+    ref = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=37, do_sample=False,
+                         pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id)[:, ids.shape[1]:]
+    got = lean_generate(model, ids, attn, 37, False, 1.0, 0, 1.0, TOK.eos_token_id, TOK.pad_token_id, native=kernel)
+    assert torch.equal(got, ref)

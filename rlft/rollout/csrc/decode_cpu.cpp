@@ -4,10 +4,12 @@
 // The matrix products stay ATen's (MKL). Fused here, each in one pass over the rows:
 // RMSNorm; per-head RMSNorm (Qwen3), rotary embedding (query/key dims in pair order) and the
 // cache write of the new keys and values; grouped-query attention of the new token over the cache
-// (each cached key and value read once per key/value head, for all of its query heads); SiLU(gate)*up.
+// (each cached key and value read once per key/value head, for all of its query heads; a prompt's
+// keys and values cached once for all the rows that sample it); SiLU(gate)*up.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -73,7 +75,7 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& w, double eps) {
 void rotate_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q_norm,
                       const at::Tensor& k_norm, double eps, at::Tensor& keys, at::Tensor& values, int64_t t,
                       int64_t H, int64_t KV, int64_t D) {
-  const int64_t B = qkv.size(0), width = qkv.size(1), L = values.size(2), half = D / 2;
+  const int64_t B = qkv.size(0), width = qkv.size(1), L = values.size(2), Lk = keys.size(3), half = D / 2;
   float* y = qkv.data_ptr<float>();
   const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
   const float* qn = q_norm.numel() ? q_norm.data_ptr<float>() : nullptr;
@@ -91,9 +93,9 @@ void rotate_and_cache(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
           p[2 * i] = x0 * cb[i] - x1 * sb[i];
           p[2 * i + 1] = x0 * sb[i] + x1 * cb[i];
         }
-        if (h >= H) {  // keys cached transposed: [B, KV, D, L]
-          float* col = kc + (b * KV + (h - H)) * D * L + t;
-          for (int64_t d = 0; d < D; ++d) col[d * L] = p[d];
+        if (h >= H) {  // keys cached transposed: [B, KV, D, Lk]
+          float* col = kc + (b * KV + (h - H)) * D * Lk + t;
+          for (int64_t d = 0; d < D; ++d) col[d * Lk] = p[d];
         }
       }
       for (int64_t h = 0; h < KV; ++h) {
@@ -123,48 +125,85 @@ inline float exp_nonpositive(float x) {
   return x < -87.0f ? 0.0f : e * scale;
 }
 
-// out [B, H * D]: each query head of qkv over cache columns 0..t; key_bias [B, L] (or empty) is
-// 0 where a row may attend and -inf where it may not.
-// Keys are cached transposed, [B, KV, D, L], so a query's scores over all columns are one
-// contiguous multiply-add per dimension; values as [B, KV, L, D].
-at::Tensor attend(const at::Tensor& qkv, const at::Tensor& keys_t, const at::Tensor& values, const at::Tensor& key_bias,
-                  int64_t t, int64_t H, int64_t KV, int64_t D, double scaling) {
-  const int64_t B = qkv.size(0), width = qkv.size(1), L = values.size(2), n = t + 1, group = H / KV;
-  auto out = at::empty({B, H * D}, qkv.options());
-  const float *y = qkv.data_ptr<float>(), *kc = keys_t.data_ptr<float>(), *vc = values.data_ptr<float>();
-  const float* bias = key_bias.numel() ? key_bias.data_ptr<float>() : nullptr;
+constexpr int kBlock = 16;  // columns (scores) or dimensions (values) kept in registers at a time
+typedef float Block __attribute__((vector_size(kBlock * sizeof(float))));  // GCC/Clang vector type
+
+inline Block load_block(const float* p) {
+  Block v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// scores[g * n + j] = scale * q_g . K[:, j] for the `cols` columns of a transposed key block
+// KT [D, stride], g over the `group` query heads q [group, D] that share it. Blocks of kBlock
+// columns accumulate in registers over all D dimensions; `stride` is a multiple of kBlock, so the
+// last block reads whole (columns past `cols` are computed and dropped).
+inline void key_scores(const float* q, int64_t group, int64_t D, float scale, const float* KT, int64_t stride,
+                       int64_t cols, float* scores, int64_t n) {
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qg = q + g * D;
+    float* sg = scores + g * n;
+    for (int64_t j0 = 0; j0 < cols; j0 += kBlock) {
+      Block acc = {};
+      for (int64_t d = 0; d < D; ++d) acc += (qg[d] * scale) * load_block(KT + d * stride + j0);
+      const int64_t width = std::min<int64_t>(kBlock, cols - j0);
+      for (int64_t l = 0; l < width; ++l) sg[j0 + l] = acc[l];
+    }
+  }
+}
+
+// a[0..D) += sum over j < rows of p[j] * V[j, :], kBlock dimensions at a time in registers
+inline void add_values(const float* p, const float* V, int64_t rows, int64_t D, float* a) {
+  const int64_t whole = D - D % kBlock;
+  for (int64_t d0 = 0; d0 < whole; d0 += kBlock) {
+    Block acc = load_block(a + d0);
+    for (int64_t j = 0; j < rows; ++j) acc += p[j] * load_block(V + j * D + d0);
+    std::memcpy(a + d0, &acc, sizeof(acc));
+  }
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t d = whole; d < D; ++d) a[d] += p[j] * V[j * D + d];
+}
+
+// out [B, H * D]: each query head of row b over its prompt's cached columns and its own columns
+// 0..t. A prompt's keys and values are cached once for all rows that sample it (keys_p
+// [U, KV, D, P'] transposed, values_p [U, KV, P, D]; row b samples prompt prompt_of[b];
+// prompt_bias [U, P]: 0 / -inf for the prompt's padding, or empty); the rows' own columns in
+// keys [B, KV, D, N'] (transposed) and values [B, KV, N, D]. P', N': P, N rounded up to a multiple
+// of kBlock (whole blocks of columns are read). Rows are taken in order, so the rows of
+// one prompt (GRPO's groups are consecutive) find its columns already in the processor's cache.
+at::Tensor attend(const at::Tensor& qkv, const at::Tensor& keys_p, const at::Tensor& values_p,
+                  const at::Tensor& prompt_bias, const at::Tensor& prompt_of, const at::Tensor& keys,
+                  const at::Tensor& values, int64_t t, int64_t H, int64_t KV, int64_t D, double scaling) {
+  const int64_t B = qkv.size(0), width = qkv.size(1), P = values_p.size(2), N = values.size(2);
+  const int64_t Pk = keys_p.size(3), Nk = keys.size(3);  // key columns: P, N rounded up to kBlock
+  const int64_t own = t + 1, n = P + own, group = H / KV;
+  auto out = at::zeros({B, H * D}, qkv.options());
+  const float *y = qkv.data_ptr<float>(), *kp = keys_p.data_ptr<float>(), *vp = values_p.data_ptr<float>();
+  const float *kc = keys.data_ptr<float>(), *vc = values.data_ptr<float>();
+  const float* bias = prompt_bias.numel() ? prompt_bias.data_ptr<float>() : nullptr;
+  const int64_t* row_prompt = prompt_of.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
   const float scale = static_cast<float>(scaling);
   at::parallel_for(0, B * KV, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(group * n);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / KV, kv = i % KV;
-      const float *KT = kc + i * D * L, *V = vc + i * L * D, *q = y + b * width + kv * group * D;
-      std::fill(scores.begin(), scores.end(), 0.0f);
-      for (int64_t d = 0; d < D; ++d) {
-        const float* krow = KT + d * L;
-        for (int64_t g = 0; g < group; ++g) {
-          const float qd = q[g * D + d] * scale;
-          float* sg = scores.data() + g * n;
-          for (int64_t j = 0; j < n; ++j) sg[j] += qd * krow[j];
-        }
-      }
+      const int64_t b = i / KV, kv = i % KV, shared = row_prompt[b] * KV + kv;
+      const float* q = y + b * width + kv * group * D;
+      key_scores(q, group, D, scale, kp + shared * D * Pk, Pk, P, scores.data(), n);
+      key_scores(q, group, D, scale, kc + i * D * Nk, Nk, own, scores.data() + P, n);
       for (int64_t g = 0; g < group; ++g) {
         float* sg = scores.data() + g * n;
         if (bias) {
-          const float* mb = bias + b * L;
-          for (int64_t j = 0; j < n; ++j) sg[j] += mb[j];
+          const float* pb = bias + row_prompt[b] * P;
+          for (int64_t j = 0; j < P; ++j) sg[j] += pb[j];
         }
         const float top = max_of(sg, n);
         for (int64_t j = 0; j < n; ++j) sg[j] = exp_nonpositive(sg[j] - top);
         const float inv = 1.0f / sum(sg, n);
+        for (int64_t j = 0; j < n; ++j) sg[j] *= inv;
         float* a = o + b * H * D + (kv * group + g) * D;
-        std::fill(a, a + D, 0.0f);
-        for (int64_t j = 0; j < n; ++j) {
-          const float p = sg[j] * inv;
-          const float* v = V + j * D;
-          for (int64_t d = 0; d < D; ++d) a[d] += p * v[d];
-        }
+        add_values(sg, vp + shared * P * D, P, D, a);
+        add_values(sg + P, vc + i * N * D, own, D, a);
       }
     }
   });
@@ -197,40 +236,55 @@ inline at::Tensor residual_linear(const at::Tensor& x, const at::Tensor& inp, co
   return bias.numel() ? out.add_(bias) : out;
 }
 
+inline int64_t round_up(int64_t columns) { return (columns + kBlock - 1) / kBlock * kBlock; }
+
 }  // namespace
 
 // One decoding step for every row. x [B, hidden]: the embedded tokens; layers[i]: the 12 tensors
 // of layer i (norm_in, qkv, qkv_bias, q_norm, k_norm, o, o_bias, norm_post, gate_up, gate_up_bias,
-// down, down_bias; an empty tensor for an absent one; query/key rows in pair order); keys[i]
-// [B, KV, D, L] (transposed) and values[i] [B, KV, L, D]: the cache, column t filled here;
-// cos/sin [B, D/2]: the rows' rotations; key_bias [B, L]: 0 / -inf per column, or empty for none.
-// Returns the next-token logits [B, V] (final norm, LM head with head_bias if not empty).
+// down, down_bias; an empty tensor for an absent one; query/key rows in pair order); keys_p[i],
+// values_p[i], prompt_bias, prompt_of: the prompts' cache (see `attend`); keys[i] [B, KV, D, N'] and
+// values[i] [B, KV, N, D]: the rows' own cache, column t filled here; cos/sin [B, D/2]: the rows'
+// rotations. Returns the next-token logits [B, V] (final norm, LM head with head_bias if not empty).
 at::Tensor decode_step(at::Tensor x, const std::vector<std::vector<at::Tensor>>& layers,
-                       std::vector<at::Tensor> keys, std::vector<at::Tensor> values, const at::Tensor& cos,
-                       const at::Tensor& sin, const at::Tensor& key_bias, int64_t t, int64_t H, int64_t KV,
-                       int64_t D, double scaling, double eps, const at::Tensor& final_norm, const at::Tensor& head,
-                       const at::Tensor& head_bias) {
+                       const std::vector<at::Tensor>& keys_p, const std::vector<at::Tensor>& values_p,
+                       const at::Tensor& prompt_bias, const at::Tensor& prompt_of, std::vector<at::Tensor> keys,
+                       std::vector<at::Tensor> values, const at::Tensor& cos, const at::Tensor& sin, int64_t t,
+                       int64_t H, int64_t KV, int64_t D, double scaling, double eps, const at::Tensor& final_norm,
+                       const at::Tensor& head, const at::Tensor& head_bias) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "decode_step: x must be fp32 [B, hidden]");
-  TORCH_CHECK(layers.size() == keys.size() && keys.size() == values.size(), "decode_step: one cache per layer");
+  const size_t layer_count = layers.size();
+  TORCH_CHECK(keys.size() == layer_count && values.size() == layer_count && keys_p.size() == layer_count &&
+                  values_p.size() == layer_count, "decode_step: one cache per layer");
   TORCH_CHECK(H % KV == 0 && D % 2 == 0, "decode_step: heads must be a multiple of kv heads, head_dim even");
-  const int64_t B = x.size(0);
-  for (size_t i = 0; i < layers.size(); ++i) {
+  const int64_t B = x.size(0), U = values_p[0].size(0), P = values_p[0].size(2), N = values[0].size(2);
+  TORCH_CHECK(prompt_of.scalar_type() == at::kLong && prompt_of.is_contiguous() && prompt_of.numel() == B,
+              "decode_step: prompt_of must be int64 [B]");
+  const int64_t* row_prompt = prompt_of.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(row_prompt[b] >= 0 && row_prompt[b] < U, "decode_step: prompt_of out of range");
+  for (size_t i = 0; i < layer_count; ++i) {
     TORCH_CHECK(layers[i].size() == 12, "decode_step: 12 tensors per layer");
-    TORCH_CHECK(keys[i].is_contiguous() && keys[i].sizes() == at::IntArrayRef({B, KV, D, values[i].size(2)}) &&
-                    values[i].is_contiguous() && values[i].size(3) == D,
-                "decode_step: caches must be contiguous keys [B, KV, D, L] and values [B, KV, L, D]");
-    TORCH_CHECK(t >= 0 && t < values[i].size(2), "decode_step: column t outside the cache");
+    TORCH_CHECK(keys[i].is_contiguous() && keys[i].sizes() == at::IntArrayRef({B, KV, D, round_up(N)}) &&
+                    values[i].is_contiguous() && values[i].sizes() == at::IntArrayRef({B, KV, N, D}),
+                "decode_step: own caches must be contiguous keys [B, KV, D, N rounded up to 16] and values [B, KV, N, D]");
+    TORCH_CHECK(keys_p[i].is_contiguous() && keys_p[i].sizes() == at::IntArrayRef({U, KV, D, round_up(P)}) &&
+                    values_p[i].is_contiguous() && values_p[i].sizes() == at::IntArrayRef({U, KV, P, D}),
+                "decode_step: prompt caches must be contiguous keys [U, KV, D, P rounded up to 16] and values [U, KV, P, D]");
   }
+  TORCH_CHECK(t >= 0 && t < N, "decode_step: column t outside the cache");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == B * D / 2 && sin.numel() == B * D / 2,
               "decode_step: cos/sin must be contiguous [B, D/2]");
-  TORCH_CHECK(!key_bias.numel() || (key_bias.is_contiguous() && key_bias.size(0) == B &&
-                                    key_bias.size(1) == values[0].size(2) && key_bias.scalar_type() == at::kFloat),
-              "decode_step: key_bias must be fp32 [B, L]");
-  for (size_t i = 0; i < layers.size(); ++i) {
+  TORCH_CHECK(!prompt_bias.numel() || (prompt_bias.is_contiguous() && prompt_bias.size(0) == U &&
+                                       prompt_bias.size(1) == P && prompt_bias.scalar_type() == at::kFloat),
+              "decode_step: prompt_bias must be fp32 [U, P]");
+  for (size_t i = 0; i < layer_count; ++i) {
     const auto& w = layers[i];
     auto qkv = linear(rms_norm_rows(x, w[0], eps), w[1], w[2]);
     rotate_and_cache(qkv, cos, sin, w[3], w[4], eps, keys[i], values[i], t, H, KV, D);
-    x = residual_linear(x, attend(qkv, keys[i], values[i], key_bias, t, H, KV, D, scaling), w[5], w[6]);
+    auto attended = attend(qkv, keys_p[i], values_p[i], prompt_bias, prompt_of, keys[i], values[i], t, H, KV, D,
+                           scaling);
+    x = residual_linear(x, attended, w[5], w[6]);
     auto g = linear(rms_norm_rows(x, w[7], eps), w[8], w[9]);
     x = residual_linear(x, silu_mul(g), w[10], w[11]);
   }
