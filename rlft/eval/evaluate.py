@@ -36,7 +36,7 @@ from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet, ScoringModel
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout import batch as rb
-from rlft.rollout.generate import SamplingConfig, generate, generation_options
+from rlft.rollout.generate import SamplingConfig, describe_sampler, generate, generation_options
 from rlft.rollout.logprobs import batched_token_logp
 from rlft.stages import inputs
 
@@ -184,6 +184,9 @@ def eval_one(cfg, model_ref: str) -> dict:
     print(f"[rlft] eval {model_ref}: {len(problems)} problems, greedy + {e.samples} samples at temperature "
           f"{e.temperature}" + (f" + {e.policy_samples} at temperature 1" if e.policy_samples else "")
           + (f"; KL to {reference}" if reference else "") + (f"; RM {rm}" if rm else ""), flush=True)
+    # the sampler in use (this also builds the CPU decoding kernel on first use, outside the timing)
+    sampling = SamplingConfig(e.max_new_tokens, batch_size=e.batch_size, **generation_options(cfg.engine))
+    print(f"[rlft] sampler: {describe_sampler(model, sampling, device)}", flush=True)
     metrics, greedy, grouped = evaluate_model(model, tokenizer, cfg, problems, device)
     if e.policy_samples:
         prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
