@@ -97,24 +97,61 @@ class EngineConfig:
     """ZeRO optimizer-state offload to CPU memory (stages 1-3)."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
-    generation_cache: str = "static"
-    """KV cache for sampling: static (preallocated; its decoding step is compiled on a GPU) | dynamic."""
-    generation_compile: bool = True
-    """GPU only: compile Hugging Face's static-cache decoding step (torch.compile + CUDA graphs), or
-    replay the lean sampler's decoding step from a CUDA graph."""
-    generation_bucket: bool = True
-    """Generate rows of similar prompt length together (less padding)."""
-    generation_pad_multiple: int = 16
-    """Left-pad every generation batch to a multiple of this many tokens (few shapes to compile)."""
-    shared_prefix: bool = True
-    """RL updates run each distinct prompt of a micro-batch once and attend its G completions to it
-    (Llama-family models, ZeRO 0-2; elsewhere the plain forward)."""
-    generation_impl: str = "auto"
-    """Sampler: lean (rlft's own decoding loop for Llama-family models) | hf (Hugging Face generate)
-    | auto (lean on CPU where the model allows it, else hf)."""
-    generation_kernel: str = "auto"
-    """The lean sampler's decoding step on CPU: native (rlft's compiled kernel, fp32; built on first
-    use, ~30 s) | torch (PyTorch operations) | auto (native where it builds and applies, else torch)."""
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = 0.3
+    """GPU: share of the device's memory the colocated engine may take (weights + KV cache); the
+    trainer keeps the rest."""
+    kv_cache_gib: float = 0.0
+    """KV cache per rank in GiB (0: from gpu_memory_utilization on a GPU, 0.25 GiB on CPU)."""
+    tensor_parallel_size: int = 1
+    """Ranks that shard one engine (consecutive ranks; must divide the number of ranks)."""
+    sleep: bool = True
+    """GPU: release the engine's memory while the trainer updates (vLLM sleep mode)."""
+    sleep_level: int = 2
+    """vLLM sleep level: 1 keeps the weights in CPU memory, 2 drops them (they are synced again anyway)."""
+    prefix_caching: bool = True
+    """Share the prompt's KV cache among a group's completions."""
+    enforce_eager: bool = False
+    """GPU: no CUDA graphs (slower decoding, faster start). CPU engines always run eager."""
+    max_model_len: int = 0
+    """Longest prompt + completion the engine accepts (0: the model's max_position_embeddings)."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "auto"
+    """Sampling engine: hf (transformers generate) | vllm (colocated vLLM) | auto (vllm on a GPU where it
+    is installed, else hf)."""
+    max_new_tokens: int = 96
+    """Longest sampled completion in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer's log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling."""
+    top_k: int = 0
+    """Top-k sampling (0: off)."""
+    batch_size: int = 128
+    """hf: sequences generated together on one rank (vllm schedules its own batches)."""
+    hf_cache: str = "static"
+    """hf: KV cache, static (preallocated; its decoding step is compiled on a GPU) | dynamic."""
+    hf_compile: bool = True
+    """hf on a GPU: compile the static-cache decoding step (torch.compile + CUDA graphs)."""
+    hf_bucket: bool = True
+    """hf: generate rows of similar prompt length together (less padding)."""
+    hf_pad_multiple: int = 16
+    """hf: left-pad every batch to a multiple of this many tokens (few shapes to compile)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """The vLLM engine's settings (`rlft list keys rollout.vllm`)."""
+    is_correction: str = "auto"
+    """Importance-sampling correction of the engine/trainer mismatch in the RL loss: tis (truncated
+    weights pi_old/pi_engine) | mis (weights past the cap masked) | none | auto (tis with vllm, none with hf)."""
+    is_level: str = "token"
+    """Importance weights per token or per sequence (product of the token ratios)."""
+    is_cap: float = 2.0
+    """C: tis truncates the weights at C; mis masks tokens (sequences) whose weight exceeds C."""
 
 
 @dataclass
@@ -291,16 +328,6 @@ class RLConfig(AlgoConfig):
     """Prompts per rollout, all ranks together."""
     samples_per_prompt: int = 8
     """Completions per prompt (the group size G); at least 2 for group-relative advantages."""
-    max_new_tokens: int = 96
-    """Longest completion in tokens."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollout (log-probs use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling of the rollout."""
-    top_k: int = 0
-    """Top-k sampling of the rollout (0: off)."""
-    generation_batch: int = 128
-    """Sequences generated together on one rank."""
     advantage: str = "grpo"
     """Advantage estimator: grpo | dr_grpo | grpo_process | rloo | reinforce_pp | reinforce_pp_baseline | rft | gae."""
     policy_loss: str = "ppo_clip"
@@ -396,14 +423,6 @@ class RFTConfig(AlgoConfig):
     """Completions sampled per training prompt."""
     num_prompts: int = 1000
     """Training prompts sampled from (0: all)."""
-    max_new_tokens: int = 96
-    """Longest sampled completion."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling."""
-    generation_batch: int = 128
-    """Sequences generated together on one rank."""
     rft_threshold: float = 0.5
     """A completion is kept when its reward exceeds this."""
 
@@ -452,6 +471,7 @@ class Config:
     """The algorithm and its settings (`rlft list algo`)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -542,9 +562,7 @@ def validate(cfg) -> None:
         validate_rl(cfg)
     _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
     _check_choice("engine.precision", e.precision, ["fp32", "bf16"])
-    _check_choice("engine.generation_cache", e.generation_cache, ["static", "dynamic"])
-    _check_choice("engine.generation_impl", e.generation_impl, ["auto", "lean", "hf"])
-    _check_choice("engine.generation_kernel", e.generation_kernel, ["auto", "native", "torch"])
+    validate_rollout(cfg.rollout)
     _check_choice("engine.backend", e.backend, ["auto", "gloo", "nccl"])
     _check_choice("engine.device", e.device, ["auto", "cpu", "cuda"])
     _check_choice("train.lr_schedule", t.lr_schedule, ["cosine", "linear", "constant"])
@@ -569,6 +587,20 @@ def validate(cfg) -> None:
     bad_k = [k for k in cfg.eval.k if k > cfg.eval.samples or k < 1]
     if bad_k:
         raise ConfigError(f"eval.k={list(cfg.eval.k)} has values outside [1, eval.samples={cfg.eval.samples}]")
+
+
+def validate_rollout(r) -> None:
+    from rlft.algos import IS_CORRECTIONS
+    from rlft.rollout.generate import ENGINES
+
+    _check_choice("rollout.engine", r.engine, list(ENGINES))
+    _check_choice("rollout.hf_cache", r.hf_cache, ["static", "dynamic"])
+    _check_choice("rollout.is_correction", r.is_correction, ["auto"] + IS_CORRECTIONS.names())
+    _check_choice("rollout.is_level", r.is_level, ["token", "sequence"])
+    if r.is_cap <= 1.0:
+        raise ConfigError(f"rollout.is_cap={r.is_cap} must be above 1 (weights are capped or masked past it)")
+    if r.max_new_tokens < 0 or r.batch_size < 1:
+        raise ConfigError("rollout.max_new_tokens must be >= 0 and rollout.batch_size >= 1")
 
 
 def validate_rl(cfg) -> None:

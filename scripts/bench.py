@@ -108,11 +108,11 @@ def rlft_config(args):
     register_schemas()
     n = args.prompts * args.samples
     overrides = ["algo=grpo", f"algo.prompts_per_step={args.prompts}", f"algo.samples_per_prompt={args.samples}",
-                 f"algo.max_new_tokens={args.new_tokens}", f"algo.kl_coef={args.kl_coef}", "algo.loss_agg=token-mean",
-                 f"algo.generation_batch={n}", f"train.micro_batch_per_device={args.micro_batch or n}",
+                 f"rollout.max_new_tokens={args.new_tokens}", f"algo.kl_coef={args.kl_coef}", "algo.loss_agg=token-mean",
+                 f"rollout.batch_size={n}", f"train.micro_batch_per_device={args.micro_batch or n}",
                  f"train.max_seq_len={args.prompt_tokens}", "train.lr=1e-6", "train.warmup_steps=0",
                  f"engine.precision={args.precision}", f"engine.zero_stage={args.zero_stage}",
-                 f"engine.generation_cache={args.cache}", f"engine.device={args.device}",
+                 f"rollout.hf_cache={args.cache}", f"engine.device={args.device}",
                  f"engine.generation_impl={args.generation_impl}", f"engine.generation_kernel={args.generation_kernel}",
                  f"engine.shared_prefix={args.shared_prefix}",
                  f"engine.activation_checkpointing={str(args.activation_checkpointing).lower()}",

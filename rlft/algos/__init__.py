@@ -7,6 +7,7 @@ one signature, so it never branches on the algorithm:
     POLICY_LOSSES   fn(logp, old_logp, adv, mask, cfg: PolicyLossConfig) -> (loss [B, T], metrics)
     P3O_LOSSES      fn(logp1, old_logp1, mask1, logp2, old_logp2, mask2, delta, cfg: P3OConfig) -> (loss [P], metrics)
     KL_ESTIMATORS   fn(logp, ref_logp) -> Tensor (elementwise)
+    IS_CORRECTIONS  fn(old_logp, engine_logp, mask, cfg: ISConfig) -> (weights [B, T], metrics)
     AGGREGATIONS    fn(loss [B, T], mask [B, T], denom: AggDenominator | None) -> scalar
 
 One GRPO-style step, for example:
@@ -31,6 +32,7 @@ from rlft.algos.advantages import (
     overlong_penalty,
 )
 from rlft.algos.aggregate import AGGREGATIONS, AggDenominator, agg_denominator, aggregate
+from rlft.algos.importance import IS_CORRECTIONS, ISConfig
 from rlft.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController
 from rlft.algos.masked import masked_mean, masked_sum, masked_var, sequence_logp, whiten, zero_masked
 from rlft.algos.policy_losses import (
@@ -57,6 +59,8 @@ from rlft.algos.value import explained_variance, gae, kl_shaped_rewards, score_a
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
+    "IS_CORRECTIONS",
+    "ISConfig",
     "KL_ESTIMATORS",
     "P3O_LOSSES",
     "POLICY_LOSSES",

@@ -13,6 +13,7 @@ exp(logp - sg(logp)), identically 1 with gradient rho * grad(logp) (§4).
 Metrics are detached scalars.
 
     ppo_clip    -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A), optional dual clip
+    gspo        the same with one length-normalised ratio per sequence (GSPO)
     reinforce   -A * logp (no importance weight; RFT/online RFT: GC = A = I(o))
 
 Pairwise registry (P3O_LOSSES), one entry per `p3o.clip_mode`:
@@ -121,6 +122,38 @@ def reinforce(
         "clipfrac": torch.zeros((), dtype=logp.dtype, device=logp.device),
         "clipfrac_dual": torch.zeros((), dtype=logp.dtype, device=logp.device),
         **_ratio_metrics(ratio, log_ratio, mask),
+    }
+    return zero_masked(loss, mask), metrics
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    logp: Tensor, old_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025, group sequence policy optimisation), token form: one importance
+    ratio per sequence, length-normalised,
+
+        s_i = exp( (1/|y_i|) sum_t (logp_t - old_logp_t) ),   s_{i,t} = sg(s_i) * pi_t / sg(pi_t),
+        l_t = -min(s_{i,t} A_t, clip(s_{i,t}, 1 - eps_low, 1 + eps_high) A_t).
+
+    s_{i,t} has the value s_i and the gradient s_i * grad(logp_t), so with a sequence-constant A and
+    seq-mean-token-mean aggregation the loss is the paper's sequence objective. Clipping acts on whole
+    sequences (the paper's ranges are small, e.g. eps_low 3e-4, eps_high 4e-4). Metrics as ppo_clip.
+    """
+    ref = logp.detach() if old_logp is None else old_logp.detach()
+    token_log_ratio = zero_masked(logp - ref, mask)
+    seq_log_ratio = (token_log_ratio.detach().sum(-1) / masked_count(mask, -1).clamp(min=1.0))
+    seq_log_ratio = seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(seq_log_ratio[:, None] + logp - logp.detach())
+    adv = zero_masked(adv.detach(), mask)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high) * adv
+    clipped_active = clipped < unclipped
+    loss = -torch.where(clipped_active, clipped, unclipped)
+    metrics = {
+        "clipfrac": masked_mean(clipped_active.to(ratio.dtype), mask),
+        "clipfrac_dual": torch.zeros((), dtype=logp.dtype, device=logp.device),
+        **_ratio_metrics(ratio, seq_log_ratio[:, None].expand_as(ratio), mask),
     }
     return zero_masked(loss, mask), metrics
 

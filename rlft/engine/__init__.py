@@ -72,17 +72,6 @@ def make_optimizer(params, t, offload: bool) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, **kwargs)
 
 
-def shared_prefix_reason(cfg, model) -> str | None:
-    """Why the update cannot run each distinct prompt once (rollout/prefix.py); None when it can."""
-    from rlft.rollout.lean import unsupported
-
-    if cfg.engine.zero_stage == 3:
-        return "ZeRO-3 (the forward reads whole parameters)"
-    if getattr(model.config, "attention_dropout", 0.0):
-        return "attention dropout"
-    return unsupported(model)
-
-
 class Engine:
     """A model under DeepSpeed, with or without an optimizer (frozen models: trainable=False)."""
 
@@ -115,9 +104,6 @@ class Engine:
             self.ds = model.to(device=self.info.device, dtype=dtype)
             self.optimizer = self.scheduler = None
         self.ds.train(trainable)
-        reason = "engine.shared_prefix=false" if not cfg.engine.shared_prefix else shared_prefix_reason(cfg, self.module)
-        self.shared_prefix, self.shared_prefix_off_reason = reason is None, reason
-        self.checkpoint_layers = cfg.engine.activation_checkpointing
 
     # ------------------------------------------------------------------ training
     @property
@@ -166,6 +152,22 @@ class Engine:
         params = list(self.module.parameters())
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             yield self.module
+
+    def named_weights(self):
+        """(checkpoint name, full tensor) for every parameter, one at a time (a rollout engine's
+        weight sync); a tied parameter comes under each of its names, as in a checkpoint. Under
+        ZeRO-3 each parameter is gathered, handed out as a copy and released before the next, so
+        at most one gathered parameter exists beside the shards."""
+        if self.cfg.engine.zero_stage != 3:
+            for name, p in self.module.named_parameters(remove_duplicate=False):
+                yield name, p.detach()
+            return
+        import deepspeed
+
+        for name, p in self.module.named_parameters(remove_duplicate=False):
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                full = p.detach().clone()
+            yield name, full
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, ckpt_root: Path, step: int, client_state: dict, keep: int,

@@ -110,6 +110,16 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_max(values: list[float]) -> list[float]:
+    """The largest of a few floats over ranks (every rank must pass the same number of values)."""
+    if not values:
+        return []
+    t = torch.tensor(values, dtype=torch.float64, device=info().device)
+    if torch.distributed.is_initialized() and info().world_size > 1:
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return t.tolist()
+
+
 def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
     """A small tensor summed over ranks (a copy; the input itself when there is one rank)."""
     if not torch.distributed.is_initialized() or info().world_size == 1:

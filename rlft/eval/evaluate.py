@@ -36,7 +36,7 @@ from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet, ScoringModel
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout import batch as rb
-from rlft.rollout.generate import SamplingConfig, describe_sampler, generate, generation_options
+from rlft.rollout.generate import Frozen, Sampling, build_engine
 from rlft.rollout.logprobs import batched_token_logp
 from rlft.stages import inputs
 
@@ -87,18 +87,15 @@ def format_table(metrics: dict) -> str:
     return "\n".join([line] + [f"{k:<{width}}  {v:>9}" for k, v in rows] + [line])
 
 
-def evaluate_model(model, tokenizer, cfg, problems: list[dict], device: torch.device) -> dict:
-    """Greedy and sampled completions for every problem, then the metrics."""
+def evaluate_model(engine, tokenizer, cfg, problems: list[dict]) -> dict:
+    """Greedy and sampled completions for every problem (through the rollout `engine`), then the metrics."""
     e = cfg.eval
     prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
-    fast = generation_options(cfg.engine)
     torch.manual_seed(e.seed)
     tic = time.time()
-    greedy = generate(model, tokenizer, prompts, 1, SamplingConfig(e.max_new_tokens, False, batch_size=e.batch_size, **fast),
-                      device)
-    sampled = generate(model, tokenizer, prompts, e.samples,
-                       SamplingConfig(e.max_new_tokens, True, e.temperature, e.top_p, 0, e.batch_size, **fast),
-                       device)
+    greedy = engine.generate(prompts, 1, Sampling(e.max_new_tokens, False), seed=e.seed)
+    sampled = engine.generate(prompts, e.samples, Sampling(e.max_new_tokens, True, e.temperature, e.top_p, 0),
+                              seed=e.seed + 1)
     seconds = time.time() - tic
     grouped = [sampled.texts[i * e.samples:(i + 1) * e.samples] for i in range(len(problems))]
     metrics = score_problems(problems, greedy.texts, grouped, list(e.k))
@@ -134,14 +131,12 @@ def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) 
     return torch.where(mask.bool(), logp - ref_logp, torch.zeros((), dtype=logp.dtype)).sum(-1)
 
 
-def policy_sample_metrics(model, tokenizer, cfg, problems: list[dict], prompts: list[list[int]],
+def policy_sample_metrics(engine, model, tokenizer, cfg, problems: list[dict], prompts: list[list[int]],
                           device: torch.device, reference: str | None, rm: str | None) -> dict:
     """Reward sources, RM score and KL to the reference on eval.policy_samples completions per problem
-    drawn at temperature 1."""
+    drawn at temperature 1 (through the rollout `engine`; the KL's log-probs from `model`)."""
     e = cfg.eval
-    gens = generate(model, tokenizer, prompts, e.policy_samples,
-                    SamplingConfig(e.max_new_tokens, True, 1.0, 1.0, 0, e.batch_size,
-                                   **generation_options(cfg.engine)), device)
+    gens = engine.generate(prompts, e.policy_samples, Sampling(e.max_new_tokens, True, 1.0, 1.0, 0), seed=e.seed + 2)
     rows = [problems[i] for i in gens.prompt_index]
     prompt_texts = [tokenizer.decode(prompts[i]) for i in gens.prompt_index]
     out: dict = {"policy_samples": len(gens.texts)}
@@ -184,14 +179,14 @@ def eval_one(cfg, model_ref: str) -> dict:
     print(f"[rlft] eval {model_ref}: {len(problems)} problems, greedy + {e.samples} samples at temperature "
           f"{e.temperature}" + (f" + {e.policy_samples} at temperature 1" if e.policy_samples else "")
           + (f"; KL to {reference}" if reference else "") + (f"; RM {rm}" if rm else ""), flush=True)
-    # the sampler in use (this also builds the CPU decoding kernel on first use, outside the timing)
-    sampling = SamplingConfig(e.max_new_tokens, batch_size=e.batch_size, **generation_options(cfg.engine))
-    print(f"[rlft] sampler: {describe_sampler(model, sampling, device)}", flush=True)
-    metrics, greedy, grouped = evaluate_model(model, tokenizer, cfg, problems, device)
+    engine, why = build_engine(cfg, Frozen(model), tokenizer, device, seed=e.seed)
+    engine.sync_weights(0)  # started outside the timing below
+    print(f"[rlft] rollout engine: {why}", flush=True)
+    metrics, greedy, grouped = evaluate_model(engine, tokenizer, cfg, problems)
     if e.policy_samples:
         prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
         torch.manual_seed(e.seed + 1)
-        metrics.update(policy_sample_metrics(model, tokenizer, cfg, problems, prompts, device, reference, rm))
+        metrics.update(policy_sample_metrics(engine, model, tokenizer, cfg, problems, prompts, device, reference, rm))
     out_dir = output_dir(cfg, model_ref)
     record = {"model": model_ref, "resolved_path": path, "data": cfg.data.source, "metrics": metrics,
               "reference": reference, "rm": rm,

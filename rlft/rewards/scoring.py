@@ -60,7 +60,7 @@ class ScoringModel:
 
     def __init__(self, cfg, kind: str, path: str, device: torch.device, micro_batch: int = 32):
         self.kind, self.device, self.micro_batch = kind, device, micro_batch
-        new_tokens = cfg.algo.max_new_tokens if "max_new_tokens" in cfg.algo else cfg.eval.max_new_tokens
+        new_tokens = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
         self.max_len = cfg.train.max_seq_len + new_tokens
         self.tokenizer = load_tokenizer(cfg.model, path)
         self.model = load_model(cfg.model, path, self.tokenizer, head=kind).to(device).eval()

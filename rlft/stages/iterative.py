@@ -28,7 +28,7 @@ from rlft.engine import Engine, dist, save_hf_dir
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
-from rlft.rollout.generate import SamplingConfig, generate, generation_options
+from rlft.rollout.generate import Sampling
 from rlft.stages import common, inputs
 from rlft.stages.reward import prm_loss, rm_loss
 
@@ -64,10 +64,9 @@ def hard_step_labels(stage, record: dict) -> list[int]:
     prefixes = ["\n".join(steps[:j + 1]) + "\n" for j in range(len(steps))]
     prompt_ids = [encode_prompt(tok, record["prompt_text"] + p) for p in prefixes]
     n = stage.a.prm_label_completions
-    sampling = SamplingConfig(stage.a.max_new_tokens, True, stage.a.temperature, batch_size=stage.a.generation_batch,
-                              **generation_options(stage.cfg.engine))
-    with stage.policy.gathered() as module:
-        gens = generate(module, tok, prompt_ids, n, sampling, stage.ctx.info.device)
+    r = stage.cfg.rollout
+    gens = stage.generate(prompt_ids, n, Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
+                          seed=len(record["completion"]) * 7919 + stage.ctx.info.rank)
     labels = []
     for j, prefix in enumerate(prefixes):
         texts = gens.texts[j * n:(j + 1) * n]

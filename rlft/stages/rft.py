@@ -17,7 +17,7 @@ from rlft.data.encode import encode_prompt, encode_sft
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet
-from rlft.rollout.generate import SamplingConfig, generate, generation_options
+from rlft.rollout.generate import Frozen, Sampling, build_engine
 from rlft.stages import common, inputs
 from rlft.stages.sft import response_token_count, sft_loss
 
@@ -39,11 +39,15 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[tuple[int, str]], dict]:
     rows = rows[:a.num_prompts] if a.num_prompts else rows
     mine = list(range(info.rank, len(rows), info.world_size))
     prompt_texts = [inputs.render(cfg, tokenizer, rows[i]["prompt"]) for i in mine]
-    sampling = SamplingConfig(a.max_new_tokens, True, a.temperature, a.top_p, 0, a.generation_batch,
-                              **generation_options(cfg.engine))
+    r = cfg.rollout
+    engine, why = build_engine(cfg, Frozen(model), tokenizer, info.device, seed=cfg.seed + info.rank)
+    dist.print0(f"[rlft] rollout engine: {why}")
+    engine.sync_weights(0)
     torch.manual_seed(cfg.seed + info.rank)
-    gens = generate(model, tokenizer, [encode_prompt(tokenizer, t) for t in prompt_texts], a.samples_per_prompt,
-                    sampling, info.device)
+    gens = engine.generate([encode_prompt(tokenizer, t) for t in prompt_texts], a.samples_per_prompt,
+                           Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
+                           seed=cfg.seed * 1000 + info.rank)
+    engine.sleep()
     owners = [mine[j] for j in gens.prompt_index]
     rewards, _ = RewardSet(cfg, info.device)([rows[i]["prompt"] for i in owners],
                                               [prompt_texts[j] for j in gens.prompt_index], gens.texts,

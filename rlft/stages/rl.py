@@ -24,9 +24,9 @@ import torch
 from rlft import handoff
 from omegaconf import OmegaConf
 
-from rlft.algos import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, P3O_LOSSES, POLICY_LOSSES, AdaptiveKLController,
-                        AdvantageConfig, AdvantageInputs, AggDenominator, P3OConfig, PolicyLossConfig,
-                        dynamic_sampling_keep_mask, frac_zero_std_groups, sequence_logp)
+from rlft.algos import (ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, P3O_LOSSES, POLICY_LOSSES,
+                        AdaptiveKLController, AdvantageConfig, AdvantageInputs, AggDenominator, ISConfig, P3OConfig,
+                        PolicyLossConfig, dynamic_sampling_keep_mask, frac_zero_std_groups, sequence_logp)
 from rlft.algos.policy_losses import p3o_aggregate, p3o_pair_indices, p3o_reward_delta
 from rlft.algos.preference import dpo_loss
 from rlft.algos.value import value_loss
@@ -35,9 +35,8 @@ from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout import batch as rb
-from rlft.rollout.generate import SamplingConfig, describe_sampler, generate, generation_options
+from rlft.rollout.generate import Sampling, build_engine
 from rlft.rollout.logprobs import batched_token_logp, chunk_rows, forward_logits, response_start, selective_logp
-from rlft.rollout.prefix import prefix_layout, shared_prefix_logits, to_target_columns
 from rlft.stages import common, inputs, iterative
 
 
@@ -85,34 +84,38 @@ class RLStage:
             self.step_prm = self.rewards.models.get("prm") or RewardSet.load_model(cfg, "prm", ctx.info.device)
         self.train_rows = inputs.qa_rows(cfg, "train")
         self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
-        self.sampling = SamplingConfig(self.a.max_new_tokens, True, self.a.temperature, self.a.top_p, self.a.top_k,
-                                       self.a.generation_batch,
-                                       **generation_options(cfg.engine))
+        r = cfg.rollout
+        self.sampling = Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
+        self.engine, why = build_engine(cfg, self.policy, self.tokenizer, ctx.info.device,
+                                        seed=cfg.seed * 1000 + ctx.info.rank)
+        self.is_correction = r.is_correction if r.is_correction != "auto" else \
+            ("tis" if self.engine.name == "vllm" else "none")
         self.samples_log: list[dict] = []  # this iteration's scored samples (iterative RL)
-        if ctx.info.is_main:
-            forward = "shared prefix (each distinct prompt once)" if self.policy.shared_prefix else \
-                f"plain ({self.policy.shared_prefix_off_reason})"
-            print(f"[rlft] sampler: {describe_sampler(self.policy.module, self.sampling, ctx.info.device)}; "
-                  f"update forward: {forward}", flush=True)
+        dist.print0(f"[rlft] rollout engine: {why}; importance-sampling correction: {self.is_correction}"
+                    + (f" ({r.is_level}, C={r.is_cap})" if self.is_correction != "none" else ""))
 
     def load_reference(self, path: str) -> Engine:
         return Engine(self.cfg, load_model(self.cfg.model, path, self.tokenizer, seed=self.cfg.seed), trainable=False)
 
     # ------------------------------------------------------------------ rollout
-    def sample(self, rows: list[dict]) -> rb.Rollout:
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, seed: int):
+        """n completions per prompt from the policy's current weights (synced into the engine first)."""
+        self.engine.sync_weights(self.policy.global_step)
+        return self.engine.generate(prompt_ids, n, sampling, seed)
+
+    def sample(self, rows: list[dict], seed: int) -> rb.Rollout:
         """G completions for each row, as padded tensors (no scores yet)."""
         G, tok = self.a.samples_per_prompt, self.tokenizer
         prompt_texts = [inputs.render(self.cfg, tok, r["prompt"]) for r in rows]
         prompt_ids = [encode_prompt(tok, t) for t in prompt_texts]
-        with self.policy.gathered() as module:
-            gens = generate(module, tok, prompt_ids, G, self.sampling, self.ctx.info.device)
+        gens = self.generate(prompt_ids, G, self.sampling, seed)
         per_prompt = [prompt_ids[i] for i in gens.prompt_index]
         ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id)
         return rb.Rollout(rows=[rows[i] for i in gens.prompt_index],
                           prompt_texts=[prompt_texts[i] for i in gens.prompt_index],
                           completions=gens.texts, completion_ids=gens.completion_ids, input_ids=ids,
                           attention_mask=attn, mask=mask, truncated=torch.tensor(gens.truncated),
-                          prompt_lens=[len(p) for p in per_prompt])
+                          prompt_lens=[len(p) for p in per_prompt], sampler_logp=gens.logp)
 
     def score(self, ro: rb.Rollout) -> None:
         prompts = [r["prompt"] for r in ro.rows]
@@ -137,7 +140,10 @@ class RLStage:
             mine = minibatch_shard(idx, a.minibatches_per_rollout, info.rank, info.world_size)
             return [self.train_rows[i] for i in mine]
 
-        ro = self.sample(rank_rows(0))
+        def seed(round_: int) -> int:  # the engine's sampling seed (vllm; hf draws from torch's generator)
+            return ((self.cfg.seed * 1_000_003 + rollout_index) * 31 + round_) * 4099 + info.rank
+
+        ro = self.sample(rank_rows(0), seed(0))
         self.score(ro)
         if not a.dynamic_sampling:
             return ro
@@ -145,7 +151,7 @@ class RLStage:
             keep = dynamic_sampling_keep_mask(ro.scores, G)
             if bool(keep.all()):
                 break
-            extra = self.sample(rank_rows(7919 * round_))
+            extra = self.sample(rank_rows(7919 * round_), seed(round_))
             self.score(extra)
             ro = merge_informative(ro, extra, keep, dynamic_sampling_keep_mask(extra.scores, G), G,
                                   self.tokenizer.pad_token_id)
@@ -156,11 +162,18 @@ class RLStage:
         a, micro = self.a, self.cfg.train.micro_batch_per_device
         dev = self.ctx.info.device
         ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
+        temperature = self.cfg.rollout.temperature
         reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward" or a.pairwise
-        if reuse:
-            ro.old_logp = rollout_logp(self.policy, ro, micro, a.temperature)
+        if reuse or self.is_correction != "none":
+            ro.old_logp = rollout_logp(self.policy, ro, micro, temperature)
         if self.ref is not None:
-            ro.ref_logp = rollout_logp(self.ref, ro, micro, a.temperature)
+            ro.ref_logp = rollout_logp(self.ref, ro, micro, temperature)
+        if ro.old_logp is not None:  # the engine's log-probs against the trainer's: mismatch and correction
+            r = self.cfg.rollout
+            engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])
+            weights, ro.is_metrics = IS_CORRECTIONS.get(self.is_correction)(
+                ro.old_logp, engine_logp, ro.mask, ISConfig(r.is_level, r.is_cap))
+            ro.is_weight = weights if self.is_correction != "none" else None
         if self.critic is not None:
             ro.values = batched_values(self.critic, ids, attn, micro)
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=a.samples_per_prompt,
@@ -185,9 +198,10 @@ class RLStage:
         micro = self.cfg.train.micro_batch_per_device
         seed = (self.cfg.seed * 1_000_003 + rollout_index) * 4099 + self.ctx.info.rank
         if self.a.pairwise:
-            update_pairwise(self.policy, self.a, micro, ro, stats, self.kl_coef, seed)
+            update_pairwise(self.policy, self.a, self.cfg.rollout, micro, ro, stats, self.kl_coef, seed)
         else:
-            update_policy(self.policy, self.ref, self.a, micro, ro, stats, self.critic, self.kl_coef, seed)
+            update_policy(self.policy, self.ref, self.a, self.cfg.rollout, micro, ro, stats, self.critic, self.kl_coef,
+                          seed)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -197,10 +211,8 @@ class RLStage:
         info, tok = self.ctx.info, self.tokenizer
         shard = self.test_rows[info.rank::info.world_size]
         prompt_ids = [encode_prompt(tok, inputs.render(self.cfg, tok, r["prompt"])) for r in shard]
-        greedy = SamplingConfig(self.a.max_new_tokens, False, batch_size=self.a.generation_batch,
-                                **generation_options(self.cfg.engine))
-        with self.policy.gathered() as module:
-            gens = generate(module, tok, prompt_ids, 1, greedy, info.device)
+        gens = self.generate(prompt_ids, 1, Sampling(self.cfg.rollout.max_new_tokens, do_sample=False), 0)
+        self.engine.sleep()
         correct = sum(answers_match(extract_answer(t), gold_answer(r["answer"])) for t, r in zip(gens.texts, shard))
         correct, total = dist.all_reduce_sum([float(correct), float(len(shard))])
         return {"eval_greedy_accuracy": correct / max(total, 1.0)}
@@ -209,20 +221,9 @@ class RLStage:
 @torch.no_grad()
 def rollout_logp(engine: Engine, ro: rb.Rollout, micro: int, temperature: float) -> torch.Tensor:
     """Per-token log-probs [N, L-1] of the rollout's sequences under `engine` (old or reference),
-    micro-batch by micro-batch. With `engine.shared_prefix` a micro-batch's distinct prompts run
-    once, and its positions outside the completions are 0 (they are masked everywhere)."""
+    micro-batch by micro-batch; the logits start at each micro-batch's first response column."""
     dev = engine.device
-    ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
-    if not engine.shared_prefix:
-        return batched_token_logp(engine, ids, attn, micro, temperature, ro.mask)
-    out = []
-    for m in range(0, len(ro), micro):
-        sl = slice(m, m + micro)
-        layout = prefix_layout(ids[sl], attn[sl], ro.prompt_lens[sl])
-        logits, targets, valid = shared_prefix_logits(engine.module, ids[sl], layout)
-        logp = selective_logp(logits / temperature if temperature != 1.0 else logits, targets)
-        out.append(to_target_columns(logp, valid, layout, 0, ids.shape[1] - 1))
-    return torch.cat(out)
+    return batched_token_logp(engine, ro.input_ids.to(dev), ro.attention_mask.to(dev), micro, temperature, ro.mask)
 
 
 def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float):
@@ -230,25 +231,13 @@ def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float)
     and, for the logits, to the target columns from its first response token on:
     (ids, attention mask, cols, response mask, token entropy (no grad), per-token log-probs).
     `cols` selects those columns from any [N, L-1] rollout tensor (old/ref log-probs, advantages,
-    values). With `engine.shared_prefix`, rows that share a prompt run it once (rollout/prefix.py).
-
-    The path depends only on the engine, never on a micro-batch's content: every rank then builds
-    the same autograd graph, so gradients become ready in the same order on all ranks, which
-    ZeRO's bucketed gradient reduction relies on."""
+    values)."""
     dev = policy.device
     width = int(ro.attention_mask[sl].sum(-1).max())
     ids, attn = ro.input_ids[sl, :width].to(dev), ro.attention_mask[sl, :width].to(dev)
     start = response_start(ro.mask[sl, :width - 1])
     cols = slice(start, width - 1)
     mask = ro.mask[sl, cols].to(dev)
-    if policy.shared_prefix:
-        layout = prefix_layout(ids, attn, ro.prompt_lens[sl])
-        logits, targets, valid = shared_prefix_logits(policy.module, ids, layout,
-                                                      activation_checkpointing=policy.checkpoint_layers)
-        if temperature != 1.0:
-            logits = logits / temperature
-        place = lambda v: to_target_columns(v, valid, layout, start, width - 1 - start)  # noqa: E731
-        return ids, attn, cols, mask, place(entropy(logits.detach())), place(selective_logp(logits, targets))
     logits = forward_logits(policy, ids, attn, start, temperature)
     return ids, attn, cols, mask, entropy(logits.detach()), selective_logp(logits, ids[:, start + 1:])
 
@@ -261,13 +250,15 @@ def epoch_rollout(ro: rb.Rollout, a, epoch: int, shuffle_seed: int | None) -> rb
     return rb.take(ro, rb.group_shuffle_order(len(ro), a.samples_per_prompt, shuffle_seed * 101 + epoch))
 
 
-def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Rollout, stats: "Sums",
+def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.Rollout, stats: "Sums",
                   critic: Engine | None = None, kl_coef: float | None = None,
                   shuffle_seed: int | None = None) -> None:
     """mu passes over the rollout, `minibatches_per_rollout` optimizer steps each.
 
     Every micro-batch loss is normalised by the counts of its whole minibatch on all ranks,
-    so the update does not depend on micro-batch size, accumulation or world size."""
+    so the update does not depend on micro-batch size, accumulation or world size. `r` is the
+    rollout config (temperature, max_new_tokens); with `ro.is_weight` (engine-mismatch correction)
+    each token's policy loss is reweighted before the KL term is added."""
     dev = policy.device
     policy_loss = POLICY_LOSSES.get(a.policy_loss)
     aggregate = AGGREGATIONS.get(a.loss_agg)
@@ -279,12 +270,14 @@ def update_policy(policy: Engine, ref: Engine | None, a, micro: int, ro: rb.Roll
     for epoch in range(a.updates_per_rollout):
         ro = epoch_rollout(rollout, a, epoch, shuffle_seed)
         for start in range(0, n, per_mb):
-            denom = global_denominator(ro.mask[start:start + per_mb], a.max_new_tokens)
+            denom = global_denominator(ro.mask[start:start + per_mb], r.max_new_tokens)
             for m in range(start, start + per_mb, micro):
                 sl = slice(m, m + micro)
-                ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, a.temperature)
+                ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
                 old = ro.old_logp[sl, cols].to(dev) if ro.old_logp is not None else None
                 loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, cols].to(dev), mask, pl_cfg)
+                if ro.is_weight is not None:
+                    loss_tok = loss_tok * ro.is_weight[sl, cols].to(dev)
                 tokens = mask.sum().item()
                 if ref is not None:
                     kl = kl_fn(logp, ro.ref_logp[sl, cols].to(dev))
@@ -344,7 +337,7 @@ def online_dpo_pairs(logp: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Ten
     return loss * kept, kept
 
 
-def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums", kl_coef: float,
+def update_pairwise(policy: Engine, a, r, micro: int, ro: rb.Rollout, stats: "Sums", kl_coef: float,
                     shuffle_seed: int | None = None) -> None:
     """Pairwise updates on rows (2j, 2j+1): P3O's clipped loss of §10, or online DPO;
     the mean over the optimizer step's pairs (DPO: its untied pairs)."""
@@ -360,10 +353,10 @@ def update_pairwise(policy: Engine, a, micro: int, ro: rb.Rollout, stats: "Sums"
             m = ro.mask[start:start + per_mb]
             untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
             pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
-            denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(a.max_new_tokens))
+            denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(r.max_new_tokens))
             for r in range(start, start + per_mb, micro):
                 sl, pl = slice(r, r + micro), slice(r // 2, (r + micro) // 2)
-                ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, a.temperature)
+                ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
                 old = ro.old_logp[sl, cols].to(dev)
                 if a.pairwise_loss == "dpo":
                     diff = (ro.pair_scores[pl, 0] - ro.pair_scores[pl, 1]).to(dev)
@@ -400,16 +393,23 @@ class Sums:
 
     def __init__(self):
         self.values: dict[str, list[float]] = {}
+        self.maxima: dict[str, float] = {}
 
     def add(self, name: str, total: float, count: float) -> None:
         acc = self.values.setdefault(name, [0.0, 0.0])
         acc[0] += float(total)
         acc[1] += float(count)
 
+    def add_max(self, name: str, value: float) -> None:
+        self.maxima[name] = max(self.maxima.get(name, float("-inf")), float(value))
+
     def reduce(self) -> dict:
         names = sorted(self.values)
         flat = dist.all_reduce_sum([v for n in names for v in self.values[n]])
-        return {n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
+        out = {n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
+        maxima = sorted(self.maxima)
+        out.update(zip(maxima, dist.all_reduce_max([self.maxima[n] for n in maxima])))
+        return out
 
 
 def masked_sum_f(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -454,6 +454,12 @@ def rollout_metrics(ro: rb.Rollout, stats: Sums, G: int) -> None:
     lengths = [len(c) for c in ro.completion_ids]
     stats.add("response_len", sum(lengths), n)
     stats.add("truncated_frac", float(ro.truncated.sum()), n)
+    if ro.is_metrics:  # engine vs trainer log-probs on the response tokens
+        tokens = float(ro.mask.sum())
+        for name in ("engine_logp_gap_mean", "is_weight_mean", "is_corrected_frac"):
+            if name in ro.is_metrics:
+                stats.add(name, float(ro.is_metrics[name]) * tokens, tokens)
+        stats.add_max("engine_logp_gap_max", float(ro.is_metrics["engine_logp_gap_max"]))
     if G > 1:
         stats.add("frac_zero_std", float(frac_zero_std_groups(ro.scores, G)) * (n / G), n / G)
 
@@ -487,6 +493,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
             iterative.next_iteration(stage, iteration)
         tic = time.time()
         ro = stage.rollout(r)
+        stage.engine.sleep()  # a GPU engine frees its memory for the trainer until the next sync
         times["rollout"] += time.time() - tic
         tic = time.time()
         stage.prepare(ro)

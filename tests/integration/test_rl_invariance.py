@@ -69,7 +69,7 @@ register_schemas()
 def make_cfg(case):
     overrides = ["algo=grpo", *TINY, "engine.device=cpu", "engine.backend=gloo",
                  f"engine.zero_stage={case['zero']}", f"engine.nproc_per_node={world}",
-                 f"algo.prompts_per_step={P}", f"algo.samples_per_prompt={G}", "algo.max_new_tokens=16",
+                 f"algo.prompts_per_step={P}", f"algo.samples_per_prompt={G}", "rollout.max_new_tokens=16",
                  "algo.kl_coef=0.04", f"algo.loss_agg={case['agg']}", f"train.micro_batch_per_device={case['micro']}",
                  f"algo.updates_per_rollout={case.get('mu', 1)}",
                  f"algo.minibatches_per_rollout={case.get('minibatches', 1)}",
@@ -148,7 +148,7 @@ for case in cases:
         assert (ro.old_logp is not None) == reuse
         stats = rl.Sums()
         rl.update_policy(policy, ref, cfg.algo, cfg.train.micro_batch_per_device, ro, stats)
-        denom = rl.global_denominator(ro.mask, cfg.algo.max_new_tokens)
+        denom = rl.global_denominator(ro.mask, cfg.rollout.max_new_tokens)
         metrics = stats.reduce()
         state = policy.full_state_dict()
         steps = policy.global_step

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 RUN = "rs"
 PPO = ["algo=ppo", "algo.samples_per_prompt=1", "algo.prompts_per_step=8", "train.micro_batch_per_device=2",
-       "algo.max_new_tokens=16", "algo.eval_every=0", "algo.adaptive_kl=true", "algo.kl_target=0.01",
+       "rollout.max_new_tokens=16", "algo.eval_every=0", "algo.adaptive_kl=true", "algo.kl_target=0.01",
        "algo.kl_horizon=100", "train.max_steps=8", "train.save_every=4", "train.lr=1e-3", "algo.critic_lr=1e-3",
        "reward.functions=[rl_user_reward:alternate]"]
 ITER = ["algo=grpo", *RL_SMALL, "algo.iterations=2", "reward=prm", "train.max_steps=4", "train.save_every=1",

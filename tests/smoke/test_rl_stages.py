@@ -194,8 +194,8 @@ def test_static_and_dynamic_kv_caches_train_the_same_policy(work, tmp_path):
     curves, weights = {}, {}
     for cache in ("static", "dynamic"):
         train(work, "algo=grpo", "train.max_steps=2", f"run.dir=runs/{RUN}/grpo_{cache}", "train.lr=1e-3",
-              f"reward.functions=[{USER_REWARD}:answer_length]", f"engine.generation_cache={cache}",
-              "engine.generation_bucket=false", "engine.generation_impl=hf")
+              f"reward.functions=[{USER_REWARD}:answer_length]", f"rollout.hf_cache={cache}",
+              "rollout.hf_bucket=false", "rollout.engine=hf")
         out = work / "runs" / RUN / f"grpo_{cache}"
         curves[cache] = [(r["reward"], r["response_len"], r["reward_std"]) for r in rl_records(out)]
         weights[cache] = load_safetensors(out / "final")
@@ -234,7 +234,7 @@ def test_online_rft(work):
 @pytest.mark.slow
 def test_offline_rft_keeps_samples_of_a_user_reward(work):
     train(work, "algo=rft", f"reward.functions=[{USER_REWARD}:always_one]", "algo.num_prompts=16",
-          "algo.samples_per_prompt=4", "algo.max_new_tokens=64", "train.max_steps=2", "train.batch_size=8",
+          "algo.samples_per_prompt=4", "rollout.max_new_tokens=64", "train.max_steps=2", "train.batch_size=8",
           "train.micro_batch_per_device=8", "train.lr=1e-3", "train.log_every=1", rollout=False)
     out = stage_dir(work, RUN, "rft")
     manifest = check_outputs(work, "rft", all_changed=False)
