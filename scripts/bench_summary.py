@@ -22,7 +22,7 @@ GOALS = [  # (label, key, better: "max" keeps values at most the bound, "min" at
 ]
 SPEEDUP_GOAL = 6.0  # GPU: TRL's fastest step / rlft's fastest step
 CPU_RATIO_GOAL = 0.5  # CPU: rlft's step / TRL's step in the same report
-RLFT_KEYS = ("generation_impl", "generation_kernel", "cache", "shared_prefix", "kl_coef")
+RLFT_KEYS = ("engine", "cache", "kl_coef")
 TRL_KEYS = ("peer_cache", "peer_dtype", "kl_coef")
 
 
@@ -40,8 +40,8 @@ def rows(reports: list[tuple[str, dict]]) -> list[dict]:
     for name, report in reports:
         for result in report["results"]:
             settings = describe(report["workload"], result["side"])
-            if result.get("sampler"):  # the paths rlft actually took
-                settings += f"; sampler: {result['sampler']}; update: {result['update_forward']}"
+            if result.get("engine") and result["side"] == "rlft":  # the engine rlft actually used
+                settings += f"; engine: {result['engine']}"
             out.append({"run": name, "settings": settings,
                         "kl_coef": report["workload"].get("kl_coef", 0.0), **result})
     return out

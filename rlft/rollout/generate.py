@@ -42,6 +42,7 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
+    suppress_tokens: tuple = ()  # never sampled (benchmarks: fixed-length completions)
 
 
 @dataclass
@@ -206,6 +207,8 @@ class HFEngine:
                 kwargs = dict(max_new_tokens=sampling.max_new_tokens, do_sample=sampling.do_sample, pad_token_id=pad,
                               eos_token_id=eos, use_cache=True, temperature=None, top_p=None, top_k=None,
                               logits_processor=hf_processors(sampling, recorder), **DISTRIBUTION_NEUTRAL)
+                if sampling.suppress_tokens:
+                    kwargs["suppress_tokens"] = list(sampling.suppress_tokens)
                 if c.hf_cache == "static":
                     kwargs.update(cache_implementation="static", disable_compile=not c.hf_compile)
                 seqs = model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), **kwargs)

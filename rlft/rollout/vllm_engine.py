@@ -132,7 +132,11 @@ class VLLMEngine:
 
         eos = self.tokenizer.eos_token_id
         greedy = not sampling.do_sample
-        return SamplingParams(n=n, max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else sampling.temperature,
+        allowed = None
+        if sampling.suppress_tokens:
+            banned = set(sampling.suppress_tokens)
+            allowed = [t for t in range(self.source.module.config.vocab_size) if t not in banned]
+        return SamplingParams(allowed_token_ids=allowed, n=n, max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else sampling.temperature,
                               top_p=1.0 if greedy else sampling.top_p, top_k=0 if greedy else sampling.top_k,
                               seed=seed, logprobs=0, stop_token_ids=[eos], detokenize=False,
                               skip_special_tokens=False, repetition_penalty=1.0, presence_penalty=0.0,

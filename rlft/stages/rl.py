@@ -354,8 +354,8 @@ def update_pairwise(policy: Engine, a, r, micro: int, ro: rb.Rollout, stats: "Su
             untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
             pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
             denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(r.max_new_tokens))
-            for r in range(start, start + per_mb, micro):
-                sl, pl = slice(r, r + micro), slice(r // 2, (r + micro) // 2)
+            for m0 in range(start, start + per_mb, micro):
+                sl, pl = slice(m0, m0 + micro), slice(m0 // 2, (m0 + micro) // 2)
                 ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
                 old = ro.old_logp[sl, cols].to(dev)
                 if a.pairwise_loss == "dpo":

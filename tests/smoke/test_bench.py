@@ -10,6 +10,27 @@ import sys
 from conftest import REPO, cli_env
 
 
+def test_bench_runs_the_vllm_engine_with_fixed_lengths(tmp_path):
+    import os
+
+    import pytest
+
+    from rlft.rollout.generate import vllm_available
+
+    reason = vllm_available()
+    assert not (reason and os.environ.get("CI") == "true"), reason  # CI installs vllm (make test)
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--device=cpu", "--threads=1", "--prompts=2",
+           "--samples=2", "--prompt-tokens=8", "--new-tokens=6", "--steps=1", "--warmup=1", "--engine=vllm",
+           "--shape=tiny", f"--out={out}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (rlft,) = json.loads(out.read_text())["results"]
+    assert rlft["engine"].startswith("vllm (colocated, CPU") and rlft["new_tokens"] == 2 * 2 * 6
+
+
 def test_bench_runs_rlft_and_trl_on_the_same_workload(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--device=cpu", "--threads=1", "--prompts=2",
@@ -24,7 +45,7 @@ def test_bench_runs_rlft_and_trl_on_the_same_workload(tmp_path):
     assert rlft["new_tokens"] == 2 * 2 * 6  # every completion exactly --new-tokens long
     for key in ("generation_s", "scoring_s", "update_s", "step_s", "peak_memory_gib"):
         assert rlft[key] > 0, key
-    assert rlft["sampler"].startswith("lean") and rlft["update_forward"] == "shared prefix"  # CPU defaults
+    assert rlft["engine"].startswith("hf (transformers generate") and "auto: CPU" in rlft["engine"]  # CPU default
     assert rlft["steps_measured"] == 2 and trl["steps_measured"] == 2 and trl["step_s"] > 0
     # two rounds, alternating sides: each side's step is the median of its rounds, the ratio the
     # median of the rounds' ratios

@@ -204,24 +204,6 @@ def test_static_and_dynamic_kv_caches_train_the_same_policy(work, tmp_path):
     assert not changed_tensors(weights["static"], weights["dynamic"], atol=1e-6)
 
 
-def test_shared_prefix_update_trains_the_same_policy_as_the_plain_forward(work):
-    """The update with each distinct prompt run once against the plain forward (same samples from
-    the lean sampler): the same rewards, losses and final weights (to fp32 rounding)."""
-    curves, weights = {}, {}
-    for shared in ("true", "false"):
-        train(work, "algo=grpo", "train.max_steps=2", f"run.dir=runs/{RUN}/grpo_prefix_{shared}", "train.lr=1e-3",
-              f"reward.functions=[{USER_REWARD}:answer_length]", f"engine.shared_prefix={shared}",
-              "engine.generation_impl=lean")
-        out = work / "runs" / RUN / f"grpo_prefix_{shared}"
-        curves[shared] = [(r["reward"], r["response_len"], r["entropy"], r["kl"]) for r in rl_records(out)]
-        weights[shared] = load_safetensors(out / "final")
-    for a, b in zip(curves["true"], curves["false"], strict=True):
-        assert a[:2] == b[:2]  # the same samples
-        assert math.isclose(a[2], b[2], rel_tol=1e-5) and math.isclose(a[3], b[3], rel_tol=1e-3, abs_tol=1e-9)
-    assert not changed_tensors(weights["true"], weights["false"], atol=1e-6)
-    assert changed_tensors(weights["true"], load_safetensors(work / "runs" / RUN / "sft" / "final"), atol=1e-6)
-
-
 # ----------------------------------------------------------------------------- RFT
 @pytest.mark.slow
 def test_online_rft(work):

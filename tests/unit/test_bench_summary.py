@@ -12,7 +12,7 @@ bench_summary = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench_summary)
 
 WORKLOAD = {"shape": "qwen2-0.5b", "prompts": 8, "samples": 8, "prompt_tokens": 128, "new_tokens": 256,
-            "precision": "bf16", "kl_coef": 0.0, "cache": "static", "generation_impl": "lean", "shared_prefix": "true"}
+            "precision": "bf16", "kl_coef": 0.0, "cache": "static", "engine": "vllm"}
 
 
 def rlft(device, step, gen_tps, upd_tps, mem):
@@ -25,13 +25,13 @@ def write(tmp_path, name, workload, *results):
 
 
 def test_gpu_goals_are_checked_on_the_fastest_rlft_run(tmp_path):
-    write(tmp_path, "rlft_lean", WORKLOAD, rlft("cuda:0", 0.9, 45_000.0, 140_000.0, 12.0))
+    write(tmp_path, "rlft_vllm", WORKLOAD, rlft("cuda:0", 0.9, 45_000.0, 140_000.0, 12.0))
     write(tmp_path, "trl_static", dict(WORKLOAD, peer_cache="static", peer_dtype="bfloat16"),
           rlft("cuda:0", 1.4, 30_000.0, 120_000.0, 20.0),
           {"side": "trl", "device": "cuda:0", "step_s": 6.1, "peak_memory_gib": 45.0})
     write(tmp_path, "rlft_kl", dict(WORKLOAD, kl_coef=0.04), rlft("cuda:0", 0.5, 90_000.0, 300_000.0, 10.0))
     text = bench_summary.summary(tmp_path)
-    assert "fastest rlft run at beta = 0 (rlft_lean" in text  # the beta > 0 run is not a candidate
+    assert "fastest rlft run at beta = 0 (rlft_vllm" in text  # the beta > 0 run is not a candidate
     lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
     for label, value in (("step (s)", "0.900"), ("peak memory (GiB)", "12.000"),
                          ("generation (new tok/s)", "45,000"), ("update (tok/s)", "140,000")):
@@ -50,12 +50,12 @@ def test_cpu_reports_check_the_side_by_side_ratio(tmp_path):
 
 
 def test_the_paths_rlft_took_are_shown_when_reported(tmp_path):
-    ran = dict(rlft("cuda:0", 0.9, 45_000.0, 140_000.0, 12.0), sampler="Hugging Face generate, static cache (engine.generation_impl=auto)",
-               update_forward="shared prefix")
-    write(tmp_path, "rlft_default", dict(WORKLOAD, generation_impl="auto"), ran)
+    ran = dict(rlft("cuda:0", 0.9, 45_000.0, 140_000.0, 12.0),
+               engine="vllm (colocated, GPU, sleep mode, prefix caching); auto: GPU with vllm installed")
+    write(tmp_path, "rlft_default", dict(WORKLOAD, engine="auto"), ran)
     row = next(line for line in bench_summary.summary(tmp_path).splitlines() if line.startswith("| rlft_default"))
-    assert row.endswith("generation_impl=auto, cache=static, shared_prefix=true, kl_coef=0.0; sampler: Hugging Face "
-                        "generate, static cache (engine.generation_impl=auto); update: shared prefix |")
+    assert row.endswith("engine=auto, cache=static, kl_coef=0.0; engine: vllm (colocated, GPU, sleep mode, prefix "
+                        "caching); auto: GPU with vllm installed |")
 
 
 def test_an_empty_directory_is_a_clear_error(tmp_path):

@@ -1,21 +1,27 @@
-"""Fast generation paths (static KV cache, prompt bucketing, padding to a multiple) against the
-plain path (dynamic cache, rows in order, no extra padding) on a tiny random Llama.
+"""The hf rollout engine (transformers generate) on a tiny random Llama: fast paths against the
+plain path, the caller's row order, and the sampler's own log-probs against the trainer's forward.
 
-Tolerance: greedy completions identical token for token; the per-step log-probs of the tokens
-the decoder produced agree to 1e-5 (fp32)."""
+Tolerance: greedy completions identical token for token; log-probs agree to 1e-5 (fp32)."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlft.data.tokenizer import build_char_tokenizer
-from rlft.rollout.generate import SamplingConfig, generate, generation_order, left_pad_to_multiple
-from rlft.rollout.logprobs import batched_token_logp
 from rlft.rollout import batch as rb
+from rlft.rollout.generate import (Frozen, HFEngine, Sampling, choose_engine, generation_order,
+                                   left_pad_to_multiple)
+from rlft.rollout.logprobs import batched_token_logp
 
-PLAIN = dict(cache="dynamic", bucket=False, pad_multiple=1)
-FAST = dict(cache="static", bucket=True, pad_multiple=16)
+PLAIN = dict(hf_cache="dynamic", hf_bucket=False, hf_pad_multiple=1, hf_compile=False)
+FAST = dict(hf_cache="static", hf_bucket=True, hf_pad_multiple=16, hf_compile=True)
+
+
+def engine(model, tok, batch_size: int, **speed) -> HFEngine:
+    return HFEngine(Frozen(model), tok, torch.device("cpu"), SimpleNamespace(batch_size=batch_size, **speed))
 
 
 @pytest.fixture(scope="module")
@@ -42,36 +48,33 @@ def test_generation_order_and_padding_helpers():
 
 def test_fast_greedy_completions_equal_the_plain_path_in_the_callers_order(setup):
     tok, model, prompts = setup
-    plain = generate(model, tok, prompts, 2, SamplingConfig(24, False, batch_size=3, **PLAIN))
-    fast = generate(model, tok, prompts, 2, SamplingConfig(24, False, batch_size=3, **FAST))
+    plain = engine(model, tok, 3, **PLAIN).generate(prompts, 2, Sampling(24, False))
+    fast = engine(model, tok, 3, **FAST).generate(prompts, 2, Sampling(24, False))
     assert fast.prompt_index == plain.prompt_index == [0, 0, 1, 1, 2, 2, 3, 3]
     assert fast.completion_ids == plain.completion_ids
     assert fast.truncated == plain.truncated
+    torch.testing.assert_close(torch.tensor(fast.logp), torch.tensor(plain.logp), atol=1e-5, rtol=0)
 
 
-def test_static_cache_decoding_gives_the_same_log_probs_as_the_dynamic_cache(setup):
-    """The log-probs the decoder assigned to the tokens it emitted (scores of a greedy run) match,
-    and both match a teacher-forced forward of the finished sequences (the learner's view)."""
+@pytest.mark.parametrize("sampling", [Sampling(16, False), Sampling(16, True, 0.7, 0.9, 20), Sampling(16, True)])
+def test_sampler_log_probs_are_the_processed_distributions_and_match_the_trainers_forward(setup, sampling):
+    """The engine's log-prob of each emitted token is that of the distribution it sampled from
+    (temperature, then top-k / top-p renormalised); at top-k = 0 and top-p = 1 it equals a
+    teacher-forced forward of the finished sequences at the same temperature (the trainer's view)."""
     tok, model, prompts = setup
-    ids, attn = torch.nn.utils.rnn.pad_sequence([torch.tensor(p[::-1]) for p in prompts], batch_first=True,
-                                                padding_value=tok.pad_token_id).flip(1), None
-    attn = (ids != tok.pad_token_id).long()
-    runs = {}
-    for cache in ("dynamic", "static"):
-        kw = dict(max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                  output_logits=True, return_dict_in_generate=True, suppress_tokens=[tok.eos_token_id])
-        if cache == "static":
-            kw.update(cache_implementation="static", disable_compile=True)
-        out = model.generate(input_ids=ids, attention_mask=attn, **kw)
-        new = out.sequences[:, ids.shape[1]:]
-        logp = torch.stack([torch.log_softmax(s.float(), -1) for s in out.logits], 1).gather(-1, new[..., None])
-        runs[cache] = (new, logp.squeeze(-1))
-    assert torch.equal(runs["dynamic"][0], runs["static"][0])
-    torch.testing.assert_close(runs["static"][1], runs["dynamic"][1], atol=1e-5, rtol=0)
-    seqs, sattn, mask = rb.build_sequences([p for p in prompts], runs["static"][0].tolist(), tok.pad_token_id)
-    forced = batched_token_logp(model, seqs, sattn, 4)
-    got = [forced[i][mask[i].bool()] for i in range(len(prompts))]
-    torch.testing.assert_close(torch.stack(got), runs["static"][1], atol=1e-5, rtol=0)
+    torch.manual_seed(3)
+    gens = engine(model, tok, 8, **FAST).generate(prompts, 2, sampling)
+    assert [len(lp) for lp in gens.logp] == [len(c) for c in gens.completion_ids]
+    seqs, attn, mask = rb.build_sequences([prompts[i] for i in gens.prompt_index], gens.completion_ids,
+                                          tok.pad_token_id)
+    temperature = sampling.temperature if sampling.do_sample else 1.0
+    forced = batched_token_logp(model, seqs, attn, 8, temperature)
+    engine_logp = rb.target_aligned(gens.logp, [len(prompts[i]) for i in gens.prompt_index], mask.shape[1])
+    if sampling.top_k == 0 and sampling.top_p == 1.0:
+        torch.testing.assert_close(engine_logp * mask, forced * mask, atol=1e-5, rtol=0)
+    else:  # truncation renormalises: every sampled token's probability can only grow
+        assert bool(((engine_logp - forced) * mask >= -1e-5).all())
+        assert float(((engine_logp - forced) * mask).sum()) > 0
 
 
 def test_sampling_keeps_the_callers_order_and_the_static_cache_draws_what_the_dynamic_one_does(setup):
@@ -80,12 +83,25 @@ def test_sampling_keeps_the_callers_order_and_the_static_cache_draws_what_the_dy
     the same seed."""
     tok, model, prompts = setup
     torch.manual_seed(1)
-    fast = generate(model, tok, prompts, 4, SamplingConfig(12, True, batch_size=8, **FAST))
+    fast = engine(model, tok, 8, **FAST).generate(prompts, 4, Sampling(12, True))
     assert fast.prompt_index == [i for i in range(4) for _ in range(4)]
     assert all(len(c) <= 12 for c in fast.completion_ids)
     torch.manual_seed(1)
-    unbucketed = generate(model, tok, prompts, 4, SamplingConfig(12, True, batch_size=8, cache="static",
-                                                                 bucket=False, pad_multiple=1))
+    unbucketed = engine(model, tok, 8, **dict(FAST, hf_bucket=False, hf_pad_multiple=1)).generate(
+        prompts, 4, Sampling(12, True))
     torch.manual_seed(1)
-    plain = generate(model, tok, prompts, 4, SamplingConfig(12, True, batch_size=8, **PLAIN))
+    plain = engine(model, tok, 8, **PLAIN).generate(prompts, 4, Sampling(12, True))
     assert unbucketed.completion_ids == plain.completion_ids  # same rows, same seed: the same draws
+
+
+def test_target_aligned_places_each_completion_token_after_its_prompt():
+    out = rb.target_aligned([[-1.0, -2.0], [-3.0]], [3, 1], 5)
+    assert out.tolist() == [[0, 0, -1, -2, 0], [-3, 0, 0, 0, 0]]
+
+
+def test_engine_choice():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert choose_engine("hf", gpu)[0] == "hf"
+    assert choose_engine("auto", cpu)[0] == "hf"
+    with pytest.raises(ValueError, match="rollout.engine='x' is not valid; choose one of: auto, hf, vllm"):
+        choose_engine("x", cpu)

@@ -26,8 +26,6 @@ SHIFT = [5.0, 5.0, -3.0, -3.0]  # a different constant for each prompt
 class SGDEngine:
     """The slice of rlft.engine.Engine the update functions use, over a plain module and SGD."""
 
-    shared_prefix, checkpoint_layers = True, False  # pairs share their prompt: the shared-prefix forward
-
     def __init__(self, model):
         self.module, self.device = model, torch.device("cpu")
         self.opt = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -70,13 +68,13 @@ def weights_after(update, tok, base_model, scores, **over):
     model = copy.deepcopy(base_model)
     engine = SGDEngine(model)
     ro = rollout(tok, model, scores)
-    update(engine, ro, algo(**over))
+    update(engine, ro, algo(**over))  # the namespace serves as algo and rollout config
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def p3o_update(engine, ro, a):
     rl.pair_inputs(ro, 2, a.kl_coef)
-    rl.update_pairwise(engine, a, 4, ro, rl.Sums(), a.kl_coef)
+    rl.update_pairwise(engine, a, a, 4, ro, rl.Sums(), a.kl_coef)
 
 
 def ppo_update(engine, ro, a):
@@ -84,7 +82,7 @@ def ppo_update(engine, ro, a):
     out = ADVANTAGES.get("gae")(AdvantageInputs(scores=ro.scores, mask=ro.mask, old_logp=ro.old_logp,
                                                 ref_logp=ro.ref_logp, values=ro.values), advantage_config(a, a.kl_coef))
     ro.adv, ro.returns = out.adv.float(), out.returns
-    rl.update_policy(engine, None, a, 4, ro, rl.Sums(), None, a.kl_coef)
+    rl.update_policy(engine, None, a, a, 4, ro, rl.Sums(), None, a.kl_coef)
 
 
 @pytest.fixture(scope="module")

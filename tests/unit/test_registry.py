@@ -1,6 +1,6 @@
 import pytest
 
-from rlft.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, P3O_LOSSES, POLICY_LOSSES
+from rlft.algos import ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, P3O_LOSSES, POLICY_LOSSES
 from rlft.registry import Registry, UnknownNameError
 
 
@@ -41,7 +41,8 @@ def test_algorithm_registries_expose_the_documented_names():
     assert ADVANTAGES.names() == [
         "dr_grpo", "gae", "grpo", "grpo_process", "reinforce_pp", "reinforce_pp_baseline", "rft", "rloo",
     ]
-    assert POLICY_LOSSES.names() == ["ppo_clip", "reinforce"]
+    assert POLICY_LOSSES.names() == ["gspo", "ppo_clip", "reinforce"]
+    assert IS_CORRECTIONS.names() == ["mis", "none", "tis"]
     assert P3O_LOSSES.names() == ["joint", "separate", "separate_tokenwise"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
     assert AGGREGATIONS.names() == ["constant-norm", "seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]
