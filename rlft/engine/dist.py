@@ -26,6 +26,12 @@ class DistInfo:
 
 
 _INFO: DistInfo | None = None
+_AT_SHUTDOWN: list = []  # callables run before the process group goes (e.g. closing a colocated vLLM)
+
+
+def at_shutdown(fn) -> None:
+    """Run `fn()` in `shutdown`, after the final barrier and before the process group is destroyed."""
+    _AT_SHUTDOWN.append(fn)
 
 
 def free_port() -> int:
@@ -81,6 +87,9 @@ def shutdown() -> None:
     global _INFO
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
+    while _AT_SHUTDOWN:
+        _AT_SHUTDOWN.pop()()
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     _INFO = None
 

@@ -262,7 +262,8 @@ def choose_engine(requested: str, device: torch.device) -> tuple[str, str]:
 
 def build_engine(cfg, source: ModelSource, tokenizer, device: torch.device,
                  seed: int = 0) -> tuple[RolloutEngine, str]:
-    """The engine `rollout.engine` asks for, and the header line that says which and why."""
+    """The engine `rollout.engine` asks for, and the header line that says which and why (`seed`:
+    the run's; a vllm engine derives its own from it and its tensor-parallel group)."""
     name, why = choose_engine(cfg.rollout.engine, device)
     if name == "hf":
         engine: RolloutEngine = HFEngine(source, tokenizer, device, cfg.rollout)

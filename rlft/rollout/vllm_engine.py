@@ -64,12 +64,13 @@ class VLLMEngine:
         self.can_sleep = bool(v.sleep) and device.type == "cuda"
         self.tp = int(v.tensor_parallel_size)
         self.tp_group = tensor_parallel_group(self.tp)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         model = source.module
         self.model_dir = tempfile.TemporaryDirectory(prefix="rlft-vllm-")
         write_model_dir(model, tokenizer, Path(self.model_dir.name))
         max_len = int(v.max_model_len) or int(getattr(model.config, "max_position_embeddings", 4096))
         kwargs = dict(model=self.model_dir.name, dtype="bfloat16" if cfg.engine.precision == "bf16" else "float32",
-                      load_format="dummy", seed=int(seed), max_model_len=max_len,
+                      load_format="dummy", seed=int(seed) * 1000 + rank // self.tp, max_model_len=max_len,
                       enable_prefix_caching=bool(v.prefix_caching), logprobs_mode="processed_logprobs",
                       generation_config="vllm", tensor_parallel_size=self.tp,
                       enforce_eager=bool(v.enforce_eager) or device.type != "cuda",
@@ -92,9 +93,20 @@ class VLLMEngine:
         # vLLM's CPU worker replaces torch.set_num_threads for the whole process; the trainer keeps its own
         torch.set_num_threads = set_threads
         torch.set_num_threads(threads)
+        # the engine lives as long as the process group: closed by dist.shutdown before the group
+        # goes (vLLM's own teardown destroys the default process group, so it must not run earlier)
+        from rlft.engine import dist
+
+        dist.at_shutdown(self.close)
         if self.can_sleep:
             self.llm.sleep(level=int(v.sleep_level))
             self.sleeping = True
+
+    def close(self) -> None:
+        """Shut the engine down (collective with its tensor-parallel peers)."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
 
     def describe(self) -> str:
         v = self.cfg.rollout.vllm
@@ -147,10 +159,12 @@ class VLLMEngine:
 
         self.wake()
         seed = 0 if seed is None else int(seed)
-        mine, offset = prompt_ids, 0
-        if self.tp_group is not None:  # the ranks of one engine sample the union of their prompts
-            mine, offset = gather_prompts(prompt_ids, self.tp_group)
-        params = [self.sampling_params(n, sampling, request_seed(seed, offset + i)) for i in range(len(mine))]
+        requests = [(p, request_seed(seed, i)) for i, p in enumerate(prompt_ids)]
+        offset = 0
+        if self.tp_group is not None:  # the ranks of one engine sample the union of their requests
+            requests, offset = gather_requests(requests, self.tp_group)
+        mine = [p for p, _ in requests]
+        params = [self.sampling_params(n, sampling, s) for _, s in requests]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in mine], params, use_tqdm=False)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         rows, results = [], []
@@ -188,10 +202,11 @@ def tensor_parallel_group(tp: int):
     return group
 
 
-def gather_prompts(prompt_ids: list[list[int]], group) -> tuple[list[list[int]], int]:
-    """Every prompt of the tensor-parallel group (rank order) and where this rank's start."""
+def gather_requests(requests: list, group) -> tuple[list, int]:
+    """Every (prompt, seed) request of the tensor-parallel group (rank order; the ranks of one engine
+    must sample identically) and where this rank's start."""
     parts: list = [None] * torch.distributed.get_world_size(group)
-    torch.distributed.all_gather_object(parts, prompt_ids, group=group)
+    torch.distributed.all_gather_object(parts, requests, group=group)
     me = torch.distributed.get_rank(group)
     return [p for part in parts for p in part], sum(len(part) for part in parts[:me])
 

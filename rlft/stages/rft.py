@@ -40,7 +40,7 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[tuple[int, str]], dict]:
     mine = list(range(info.rank, len(rows), info.world_size))
     prompt_texts = [inputs.render(cfg, tokenizer, rows[i]["prompt"]) for i in mine]
     r = cfg.rollout
-    engine, why = build_engine(cfg, Frozen(model), tokenizer, info.device, seed=cfg.seed + info.rank)
+    engine, why = build_engine(cfg, Frozen(model), tokenizer, info.device, seed=cfg.seed)
     dist.print0(f"[rlft] rollout engine: {why}")
     engine.sync_weights(0)
     torch.manual_seed(cfg.seed + info.rank)

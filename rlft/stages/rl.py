@@ -86,8 +86,7 @@ class RLStage:
         self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
         r = cfg.rollout
         self.sampling = Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
-        self.engine, why = build_engine(cfg, self.policy, self.tokenizer, ctx.info.device,
-                                        seed=cfg.seed * 1000 + ctx.info.rank)
+        self.engine, why = build_engine(cfg, self.policy, self.tokenizer, ctx.info.device, seed=cfg.seed)
         self.is_correction = r.is_correction if r.is_correction != "auto" else \
             ("tis" if self.engine.name == "vllm" else "none")
         self.samples_log: list[dict] = []  # this iteration's scored samples (iterative RL)

@@ -32,3 +32,8 @@ NOT_A_FUNCTION = 3
 def half_flat(prompts, completions, **row_fields):
     """All 0.0 for prompts whose character sum is even (a zero-std group), else 1, 0, 1, 0, ..."""
     return [0.0 if sum(map(ord, p)) % 2 == 0 else float(i % 2 == 0) for i, p in enumerate(prompts)]
+
+
+def share_of_sevens(prompts, completions, **row_fields):
+    """Share of the characters that are '7': a signal a random policy can learn in a few steps."""
+    return [c.count("7") / max(len(c), 1) for c in completions]

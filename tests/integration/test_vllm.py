@@ -189,14 +189,74 @@ def test_grpo_with_vllm_keeps_the_engine_equal_to_the_trainer_and_resumes_exactl
 
 
 @pytest.mark.slow
-def test_grpo_with_vllm_on_two_ranks_under_zero3(sft, tmp_path):
-    """Each rank's engine receives the ZeRO-3-partitioned weights gathered one parameter at a time."""
+@pytest.mark.parametrize("zero,tp", [(3, 1), (2, 2)])
+def test_grpo_with_vllm_on_two_ranks(sft, tmp_path, zero, tp):
+    """ZeRO-3: each rank's engine receives the partitioned weights gathered one parameter at a time.
+    Tensor parallelism 2: one engine sharded over both ranks, which sample the union of their prompts
+    with the same seeds (a 2-head model of width 64, so each rank holds one head of 32)."""
     work = copy_parents(sft, tmp_path)
-    out = stage_dir(work, RUN, "grpo")
-    proc = run_cli_retrying_abort(work, "train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, *TINY32, *VLLM_RL,
-                                  "train.max_steps=3", "engine=zero3", "engine.nproc_per_node=2",
-                                  "train.micro_batch_per_device=4", clean=out, timeout=900, env=rl_env())
+    run = f"tp{tp}"
+    model = TINY32 if tp == 1 else [a for a in TINY32 if not a.startswith(("model.hidden_size", "model.num_heads"))] \
+        + ["model.hidden_size=64", "model.num_heads=2"]
+    if tp > 1:  # a parent of that width
+        check_ok(run_cli(work, "train", "algo=sft", f"run.name={run}", "train.max_steps=2", "train.batch_size=8",
+                         "train.micro_batch_per_device=8", "train.save_every=0", *model, env=rl_env()))
+    else:
+        run = RUN
+    out = stage_dir(work, run, "grpo")
+    proc = run_cli_retrying_abort(work, "train", "algo=grpo", f"run.name={run}", *RL_SMALL, *model, *VLLM_RL,
+                                  "train.max_steps=3", f"engine.zero_stage={zero}", "engine.nproc_per_node=2",
+                                  f"rollout.vllm.tensor_parallel_size={tp}", "train.micro_batch_per_device=4",
+                                  clean=out, timeout=900, env=rl_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
     recs = gaps(out)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["engine_logp_gap_max"] < 1e-5 for r in recs), recs
+
+
+@pytest.mark.slow
+def test_offline_rft_and_eval_sample_through_vllm(sft, tmp_path):
+    """The stages that sample from a frozen model: offline RFT (whose engine outlives its sampling
+    while the fine-tuning runs) and `rlft eval`."""
+    work = copy_parents(sft, tmp_path)
+    proc = cli(work, "train", "algo=rft", f"run.name={RUN}", "rollout.engine=vllm", "algo.num_prompts=8",
+               "algo.samples_per_prompt=2", "rollout.max_new_tokens=16", "train.max_steps=2", "train.batch_size=4",
+               "train.micro_batch_per_device=4", "train.save_every=0", f"reward.functions=[{USER_REWARD}:always_one]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rollout engine: vllm (colocated, CPU" in proc.stdout
+    assert (stage_dir(work, RUN, "rft") / "final" / "config.json").is_file()
+    proc = cli(work, "eval", f"run.name={RUN}", "rollout.engine=vllm", "eval.num_problems=6", "eval.samples=2",
+               "eval.k=[1,2]", "eval.policy_samples=2", "eval.max_new_tokens=16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    metrics = json.loads((work / "runs" / RUN / "eval" / "sft" / "eval.json").read_text())["metrics"]
+    assert metrics["num_problems"] == 6 and 0 <= metrics["pass@2"] <= 1 and 0 <= metrics["reward"] <= 1
+
+
+@pytest.mark.slow
+def test_grpo_learns_through_vllm_as_through_hf(sft, tmp_path):
+    """16 GRPO steps on a reward a near-random policy can learn (the share of '7' characters), 3
+    seeds per engine: every run multiplies its reward on fresh prompts (mean of the last 3 steps
+    against the first 2), and the two engines' final rewards agree within the seeds' noise."""
+    import statistics
+
+    work = copy_parents(sft, tmp_path)
+    final = {"hf": [], "vllm": []}
+    for engine in final:
+        for seed in (0, 1, 2):
+            out = work / "runs" / RUN / f"grpo_{engine}_{seed}"
+            proc = cli(work, "train", "algo=grpo", f"run.name={RUN}", f"run.dir={out}", f"seed={seed}",
+                       f"rollout.engine={engine}", "algo.prompts_per_step=8", "algo.samples_per_prompt=4",
+                       "rollout.max_new_tokens=24", "algo.eval_problems=8", "train.micro_batch_per_device=16",
+                       "train.log_every=1", "train.save_every=0", "train.max_steps=16", "train.lr=1e-2",
+                       f"reward.functions=[{USER_REWARD}:share_of_sevens]")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            rewards = [r["reward"] for r in read_metrics(out) if "reward" in r]
+            first, last = statistics.mean(rewards[:2]), statistics.mean(rewards[-3:])
+            assert last > 4 * first and last > 0.06, (engine, seed, rewards)
+            final[engine].append(last)
+    hf, vl = final["hf"], final["vllm"]
+    noise = 2 * (statistics.variance(hf) / 3 + statistics.variance(vl) / 3) ** 0.5 + 0.02
+    assert abs(statistics.mean(hf) - statistics.mean(vl)) < noise, final
