@@ -117,7 +117,8 @@ class VLLMConfig:
     enforce_eager: bool = False
     """GPU: no CUDA graphs (slower decoding, faster start). CPU engines always run eager."""
     max_model_len: int = 0
-    """Longest prompt + completion the engine accepts (0: the model's max_position_embeddings)."""
+    """Longest prompt + completion the engine accepts (0: train.max_seq_len + the longest max_new_tokens
+    of rollout and eval, at most the model's max_position_embeddings)."""
 
 
 @dataclass
@@ -599,6 +600,10 @@ def validate_rollout(r) -> None:
     _check_choice("rollout.is_level", r.is_level, ["token", "sequence"])
     if r.is_cap <= 1.0:
         raise ConfigError(f"rollout.is_cap={r.is_cap} must be above 1 (weights are capped or masked past it)")
+    _check_choice("rollout.vllm.sleep_level", r.vllm.sleep_level, [1, 2])
+    if r.vllm.tensor_parallel_size < 1 or not 0 < r.vllm.gpu_memory_utilization <= 1:
+        raise ConfigError("rollout.vllm.tensor_parallel_size must be >= 1 and rollout.vllm.gpu_memory_utilization "
+                          "in (0, 1]")
     if r.max_new_tokens < 0 or r.batch_size < 1:
         raise ConfigError("rollout.max_new_tokens must be >= 0 and rollout.batch_size >= 1")
 

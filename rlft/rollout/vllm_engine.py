@@ -68,7 +68,9 @@ class VLLMEngine:
         model = source.module
         self.model_dir = tempfile.TemporaryDirectory(prefix="rlft-vllm-")
         write_model_dir(model, tokenizer, Path(self.model_dir.name))
-        max_len = int(v.max_model_len) or int(getattr(model.config, "max_position_embeddings", 4096))
+        max_len = int(v.max_model_len) or min(
+            int(getattr(model.config, "max_position_embeddings", 4096)),
+            cfg.train.max_seq_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens))
         kwargs = dict(model=self.model_dir.name, dtype="bfloat16" if cfg.engine.precision == "bf16" else "float32",
                       load_format="dummy", seed=int(seed) * 1000 + rank // self.tp, max_model_len=max_len,
                       enable_prefix_caching=bool(v.prefix_caching), logprobs_mode="processed_logprobs",

@@ -128,6 +128,14 @@ def test_other_value_errors_are_one_line():
     _one_line_error(["train.lr_schedule=step"], "train.lr_schedule", "cosine")
 
 
+def test_rollout_errors_are_one_line():
+    _one_line_error(["rollout.engine=sglang"], "rollout.engine='sglang'", "auto, hf, vllm")
+    _one_line_error(["rollout.is_correction=clip"], "rollout.is_correction='clip'", "auto, mis, none, tis")
+    _one_line_error(["rollout.is_level=step"], "rollout.is_level", "token, sequence")
+    _one_line_error(["rollout.is_cap=1.0"], "rollout.is_cap=1.0", "above 1")
+    _one_line_error(["rollout.vllm.sleep_level=3"], "rollout.vllm.sleep_level=3", "1, 2")
+
+
 def test_describe_keys_documents_every_key():
     for algo in sorted(rc.ALGO_SCHEMAS):
         rows = rc.describe_keys(None, algo)
