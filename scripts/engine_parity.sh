@@ -16,7 +16,7 @@ for seed in $SEEDS; do
     dir="runs/$RUN/grpo_${engine}_s$seed"
     [ -f "$dir/manifest.json" ] && continue
     rlft train algo=grpo run.name="$RUN" run.dir="$dir" seed="$seed" rollout.engine="$engine" \
-      train.max_steps="$STEPS" train.save_every=0 algo.eval_every=0 logger.progress=false "$@"
+      train.max_steps="$STEPS" train.save_every=0 algo.eval_every="$STEPS" logger.progress=false "$@"
   done
 done
 python3 - "runs/$RUN" "$SEEDS" <<'PY'
@@ -35,11 +35,11 @@ for engine in ("hf", "vllm"):
         steps += [r["time_rollout_s"] + r["time_prepare_s"] + r["time_update_s"] for r in timed]
         rolls += [r["time_rollout_s"] for r in timed]
         gaps += [r["engine_logp_gap_max"] for r in recs if "engine_logp_gap_max" in r]
-    start = [r for r in rows(root / f"grpo_{engine}_s{seeds[0]}" / "metrics.jsonl") if r["step"] == 0]
     gap = f"{max(gaps):.1e}" if gaps else "n/a (no correction)"
     print(f"| {engine} | {', '.join(f'{a:.3f}' for a in accs)} | {statistics.mean(accs):.3f} ± "
           f"{statistics.stdev(accs) if len(accs) > 1 else 0:.3f} | {statistics.median(steps):.2f} | "
           f"{statistics.median(rolls):.2f} | {gap} |")
-sft = [r for r in rows(root / f"grpo_hf_s{seeds[0]}" / "metrics.jsonl") if r["step"] == 0 and "eval_greedy_accuracy" in r]
-print(f"\nSFT start: held-out greedy accuracy {sft[0]['eval_greedy_accuracy']:.3f}" if sft else "")
+start = [r["eval_greedy_accuracy"] for e in ("hf", "vllm") for s in seeds
+         for r in rows(root / f"grpo_{e}_s{s}" / "metrics.jsonl") if r["step"] == 0 and "eval_greedy_accuracy" in r]
+print(f"\nSFT (step 0 of each run): held-out greedy accuracy {', '.join(f'{a:.3f}' for a in sorted(set(start)))}")
 PY

@@ -60,7 +60,7 @@ class VLLMEngine:
         v = cfg.rollout.vllm
         self.source, self.tokenizer, self.device, self.cfg = source, tokenizer, device, cfg
         self.version: int | None = None
-        self.sleeping = False
+        self.asleep: set[str] = set()  # what sleep mode has released: weights, kv_cache
         self.can_sleep = bool(v.sleep) and device.type == "cuda"
         self.tp = int(v.tensor_parallel_size)
         self.tp_group = tensor_parallel_group(self.tp)
@@ -100,9 +100,7 @@ class VLLMEngine:
         from rlft.engine import dist
 
         dist.at_shutdown(self.close)
-        if self.can_sleep:
-            self.llm.sleep(level=int(v.sleep_level))
-            self.sleeping = True
+        self.sleep()
 
     def close(self) -> None:
         """Shut the engine down (collective with its tensor-parallel peers)."""
@@ -119,22 +117,27 @@ class VLLMEngine:
         return ", ".join(p for p in parts if p) + ")"
 
     # ------------------------------------------------------------------ weights
-    def wake(self) -> None:
-        if self.sleeping:
-            self.llm.wake_up()
-            self.sleeping = False
+    def wake(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Take back the memory sleep mode released (the weights first, for a sync: the KV cache
+        is allocated only when sampling starts, so the two never peak together with the push)."""
+        todo = [t for t in tags if t in self.asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self.asleep -= set(todo)
 
     def sleep(self) -> None:
-        if self.can_sleep and not self.sleeping:
-            self.llm.sleep(level=int(self.cfg.rollout.vllm.sleep_level))
-            self.sleeping = True
-            self.version = None  # level 2 drops the weights: the next sample pushes them again
+        if self.can_sleep and not self.asleep:
+            level = int(self.cfg.rollout.vllm.sleep_level)
+            self.llm.sleep(level=level)
+            self.asleep = {"weights", "kv_cache"}
+            if level == 2:  # the weights were dropped: the next sample pushes them again
+                self.version = None
 
     def sync_weights(self, version: int) -> None:
         """Push the trainer's weights into the engine unless it already holds `version`."""
         if version == self.version:
             return
-        self.wake()
+        self.wake(("weights",))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self.source.named_weights(),
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
