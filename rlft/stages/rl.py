@@ -167,7 +167,7 @@ class RLStage:
             ro.old_logp = rollout_logp(self.policy, ro, micro, temperature)
         if self.ref is not None:
             ro.ref_logp = rollout_logp(self.ref, ro, micro, temperature)
-        if ro.old_logp is not None:  # the engine's log-probs against the trainer's: mismatch and correction
+        if ro.old_logp is not None and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
             r = self.cfg.rollout
             engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])
             weights, ro.is_metrics = IS_CORRECTIONS.get(self.is_correction)(

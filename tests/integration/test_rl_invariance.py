@@ -141,13 +141,13 @@ for case in cases:
         ref = Engine(cfg, ref_model, trainable=False)
         ro = rank_rollout(info.rank, cfg.algo.minibatches_per_rollout)
         fake_stage = SimpleNamespace(a=cfg.algo, cfg=cfg, ctx=SimpleNamespace(info=info), policy=policy, ref=ref,
-                                     critic=None, kl_coef=cfg.algo.kl_coef)
+                                     critic=None, kl_coef=cfg.algo.kl_coef, is_correction="none")
         rl.RLStage.prepare(fake_stage, ro)
         assert ro.ref_logp is not None
         reuse = case.get("mu", 1) > 1 or case.get("minibatches", 1) > 1
         assert (ro.old_logp is not None) == reuse
         stats = rl.Sums()
-        rl.update_policy(policy, ref, cfg.algo, cfg.train.micro_batch_per_device, ro, stats)
+        rl.update_policy(policy, ref, cfg.algo, cfg.rollout, cfg.train.micro_batch_per_device, ro, stats)
         denom = rl.global_denominator(ro.mask, cfg.rollout.max_new_tokens)
         metrics = stats.reduce()
         state = policy.full_state_dict()
