@@ -152,7 +152,7 @@ class RolloutConfig:
     is_level: str = "token"
     """Importance weights per token or per sequence (product of the token ratios)."""
     is_cap: float = 2.0
-    """C: tis truncates the weights at C; mis masks tokens (sequences) whose weight exceeds C."""
+    """C: tis truncates the weights at C; mis drops tokens (sequences) whose weight exceeds C from the loss."""
 
 
 @dataclass

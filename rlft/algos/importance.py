@@ -11,13 +11,14 @@ masked variant follows Liu et al. 2025's "when speed kills stability"). docs/alg
 Registry (IS_CORRECTIONS), one signature:
 
     fn(old_logp: Tensor[B, T], engine_logp: Tensor[B, T], mask: Tensor[B, T], cfg: ISConfig)
-        -> (weights: Tensor[B, T] (detached, 0 on masked positions), metrics: dict[str, Tensor])
+        -> (weights: Tensor[B, T], keep: Tensor[B, T], metrics: dict[str, Tensor])
 
-The policy loss per token is multiplied by the weight before aggregation.
+`weights` (detached) multiply the per-token policy loss; `keep` replaces the response mask, so a
+dropped token leaves both the loss and the aggregation's token and sequence counts.
 
-    none   w = 1
-    tis    w = min(r, C)                     truncated importance sampling
-    mis    w = r if r <= C else 0            masked importance sampling
+    none   w = 1,            keep = mask
+    tis    w = min(r, C),    keep = mask          truncated importance sampling
+    mis    w = 1,            keep = mask * [r <= C]   masked importance sampling
 
 with r = exp(old_logp - engine_logp) per token, or per sequence (level=sequence:
 r = exp(sum_t (old_logp - engine_logp)), the same weight on each of the sequence's tokens).
@@ -60,7 +61,7 @@ def mismatch_metrics(old_logp: Tensor, engine_logp: Tensor, mask: Tensor) -> dic
 
 @IS_CORRECTIONS.register("none")
 def no_correction(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, cfg: ISConfig):
-    return zero_masked(torch.ones_like(mask, dtype=old_logp.dtype), mask), {
+    return zero_masked(torch.ones_like(mask, dtype=old_logp.dtype), mask), mask, {
         **mismatch_metrics(old_logp, engine_logp, mask), "is_corrected_frac": mask.new_zeros(())}
 
 
@@ -70,18 +71,18 @@ def truncated_is(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, cfg: ISCon
     ratio = torch.exp(engine_log_ratio(old_logp, engine_logp, mask, cfg.level))
     capped = ratio > cfg.cap
     weights = zero_masked(ratio.clamp(max=cfg.cap), mask)
-    return weights, {**mismatch_metrics(old_logp, engine_logp, mask),
+    return weights, mask, {**mismatch_metrics(old_logp, engine_logp, mask),
                      "is_weight_mean": masked_mean(weights, mask),
                      "is_corrected_frac": masked_mean(capped.to(ratio.dtype), mask)}
 
 
 @IS_CORRECTIONS.register("mis")
 def masked_is(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, cfg: ISConfig):
-    """w = r where r <= C, else 0 (the token, or the whole sequence, leaves the loss);
-    is_corrected_frac: share of tokens masked."""
+    """Tokens (or whole sequences) whose ratio exceeds C leave the loss and its counts; the others
+    keep weight 1. is_corrected_frac: share of tokens dropped."""
     ratio = torch.exp(engine_log_ratio(old_logp, engine_logp, mask, cfg.level))
-    dropped = ratio > cfg.cap
-    weights = zero_masked(torch.where(dropped, torch.zeros_like(ratio), ratio), mask)
-    return weights, {**mismatch_metrics(old_logp, engine_logp, mask),
-                     "is_weight_mean": masked_mean(weights, mask),
-                     "is_corrected_frac": masked_mean(dropped.to(ratio.dtype), mask)}
+    dropped = (ratio > cfg.cap).to(mask.dtype) * mask
+    keep = mask - dropped
+    return keep.to(old_logp.dtype), keep, {**mismatch_metrics(old_logp, engine_logp, mask),
+                                           "is_weight_mean": masked_mean(keep.to(ratio.dtype), mask),
+                                           "is_corrected_frac": masked_mean(dropped.to(ratio.dtype), mask)}

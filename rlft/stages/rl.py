@@ -167,12 +167,12 @@ class RLStage:
             ro.old_logp = rollout_logp(self.policy, ro, micro, temperature)
         if self.ref is not None:
             ro.ref_logp = rollout_logp(self.ref, ro, micro, temperature)
+        keep = None
         if ro.old_logp is not None and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
             r = self.cfg.rollout
             engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])
-            weights, ro.is_metrics = IS_CORRECTIONS.get(self.is_correction)(
+            ro.is_weight, keep, ro.is_metrics = IS_CORRECTIONS.get(self.is_correction)(
                 ro.old_logp, engine_logp, ro.mask, ISConfig(r.is_level, r.is_cap))
-            ro.is_weight = weights if self.is_correction != "none" else None
         if self.critic is not None:
             ro.values = batched_values(self.critic, ids, attn, micro)
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=a.samples_per_prompt,
@@ -183,6 +183,8 @@ class RLStage:
             return
         out = ADVANTAGES.get(a.advantage)(batch, advantage_config(a, self.kl_coef))
         ro.adv, ro.returns = out.adv.float(), out.returns
+        if keep is not None:  # tokens the correction dropped leave the loss and its counts
+            ro.mask = keep.to(ro.mask.dtype)
 
     def adapt_kl(self, ro: rb.Rollout) -> None:
         """Adaptive KL (§3): move kl_coef towards the target sequence KL."""

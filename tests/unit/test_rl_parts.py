@@ -166,3 +166,43 @@ def test_dedupe_keeps_first_occurrence_in_order():
     samples = [(0, "a"), (1, "a"), (0, "a"), (0, "b"), (1, "a"), (2, "c"), (0, "b")]
     assert rft.dedupe(samples) == [(0, "a"), (1, "a"), (0, "b"), (2, "c")]
     assert rft.dedupe([]) == []
+
+
+# ----------------------------------------------------------------------------- engine-mismatch correction
+@pytest.mark.parametrize("correction", ["tis", "mis", "none"])
+def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
+    """RLStage.prepare with the engine's log-probs equal to the trainer's except one token, whose
+    engine log-prob is 2 nats lower (ratio e^2 > C = 2): tis truncates that token's weight to 2, mis
+    drops it from the mask (so from the loss and its counts); the gap metrics name it. With none and
+    a rollout used once, the trainer's pi_old is not computed at all."""
+    from omegaconf import OmegaConf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlft.config import Config, RLConfig
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=1, num_key_value_heads=1)).eval()
+    policy = type("Policy", (), {"device": torch.device("cpu"), "__call__": lambda self, **kw: model(**kw)})()
+    ro = _rollout([1.0, 0.0, 1.0, 1.0])
+    trainer = rl.rollout_logp(policy, ro, 4, 1.0)
+    ro.sampler_logp = [trainer[i][ro.mask[i].bool()].tolist() for i in range(4)]
+    ro.sampler_logp[1][0] -= 2.0
+    cfg = OmegaConf.structured(Config)
+    cfg.algo = OmegaConf.structured(RLConfig)
+    cfg.algo.samples_per_prompt, cfg.algo.kl_coef = 2, 0.0
+    cfg.train.micro_batch_per_device = 4
+    stage = SimpleNamespace(a=cfg.algo, cfg=cfg, ctx=SimpleNamespace(info=one_rank), policy=policy, ref=None,
+                            critic=None, kl_coef=0.0, is_correction=correction)
+    mask_before = ro.mask.clone()
+    rl.RLStage.prepare(stage, ro)
+    col = ro.prompt_lens[1] - 1  # the first completion token of row 1
+    if correction == "none":
+        assert ro.old_logp is None and ro.is_weight is None and torch.equal(ro.mask, mask_before)
+        return
+    assert float(ro.is_metrics["engine_logp_gap_max"]) == pytest.approx(2.0, abs=1e-5)
+    if correction == "tis":
+        assert float(ro.is_weight[1, col]) == 2.0 and torch.equal(ro.mask, mask_before)
+        assert float(ro.is_metrics["is_corrected_frac"]) == pytest.approx(1 / float(mask_before.sum()))
+    else:
+        assert float(ro.mask[1, col]) == 0.0 and float((mask_before - ro.mask).sum()) == 1.0
