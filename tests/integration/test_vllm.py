@@ -57,7 +57,8 @@ def setup():
     texts = ["Q: 1+2?\nA:", "Q: what is 12 times 7, minus 3?\nA:", "Q: 5?\nA:", "Q: 40-1-2-3 and then 8 more?\nA:"]
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     assert why.startswith("vllm (colocated, CPU")
-    return tok, model, engine, hf, prompts
+    yield tok, model, engine, hf, prompts
+    engine.close()  # vLLM's teardown, now: later at exit it would find the process groups gone
 
 
 def trainer_logp(model, tok, prompts, gens, temperature=1.0) -> tuple[torch.Tensor, torch.Tensor]:
