@@ -168,7 +168,7 @@ class P3OConfig:
     c: float | None = 10.0  # importance weights are clipped to [1/c, c]; None: no clipping
     kl_coef: float = 0.05  # beta in the KL-regularised reward (Eq. 2)
     kl_at: str = "old"  # KL estimate in delta from s_old ("old") or the detached current s ("current")
-    avg_tokenwise: bool = False  # joint/separate: divide the pair sum by tokens instead of pairs
+    avg_tokenwise: bool = False  # joint/separate: the authors' token average (no 1/2; see p3o_aggregate)
 
 
 def p3o_reward_delta(scores: Tensor, s_old: Tensor, s_ref: Tensor, beta: float) -> Tensor:
@@ -311,7 +311,12 @@ def p3o_aggregate(loss: Tensor, cfg: P3OConfig, denom: AggDenominator) -> Tensor
     """Sum of per-pair losses [P] divided by the number of pairs (default: the
     mean over pairs) or, for separate_tokenwise or cfg.avg_tokenwise, by the
     tokens of both responses. `denom` holds the counts of the whole optimiser
-    step (p3o_denominator on the full batch, summed with + over micro-batches)."""
-    per_token = cfg.avg_tokenwise or cfg.clip_mode == "separate_tokenwise"
-    n = denom.num_tokens if per_token else denom.num_seqs
-    return loss.sum() / max(n, 1.0)
+    step (p3o_denominator on the full batch, summed with + over micro-batches).
+
+    As in the P3O authors' code, the token-averaged form of joint and separate has no 1/2: their
+    per-pair losses carry it (the pair mean), so avg_tokenwise divides twice the sum by the tokens."""
+    if cfg.clip_mode == "separate_tokenwise":
+        return loss.sum() / max(denom.num_tokens, 1.0)
+    if cfg.avg_tokenwise:
+        return 2.0 * loss.sum() / max(denom.num_tokens, 1.0)
+    return loss.sum() / max(denom.num_seqs, 1.0)

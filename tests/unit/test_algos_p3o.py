@@ -128,7 +128,8 @@ def test_p3o_aggregate_means_over_pairs_and_adds_up_over_micro_batches():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
     denom = p3o_denominator(mask, mask)  # 3 pairs, 12 tokens
     assert p3o_aggregate(loss, P3OConfig(), denom).item() == pytest.approx(0.9 / 3)
-    assert p3o_aggregate(loss, P3OConfig(avg_tokenwise=True), denom).item() == pytest.approx(0.9 / 12)
+    # the authors' token average: the per-pair losses' 1/2 is undone (2 x 0.9 over 12 tokens)
+    assert p3o_aggregate(loss, P3OConfig(avg_tokenwise=True), denom).item() == pytest.approx(2 * 0.9 / 12)
     parts = p3o_aggregate(loss[:1], P3OConfig(), denom) + p3o_aggregate(loss[1:], P3OConfig(), denom)
     assert parts.item() == pytest.approx(0.9 / 3)
 
