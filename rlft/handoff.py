@@ -1,6 +1,6 @@
 """Where stages write, and how one stage finds another's output.
 
-Layout of a run (the contract in DESIGN.md):
+Layout of a run (the contract in README.md, "Outputs and hand-off"):
 
     runs/<run.name>/<algo>/
         config.yaml      resolved config of the stage

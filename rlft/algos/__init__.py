@@ -1,4 +1,4 @@
-"""Pure tensor functions for every rlft algorithm (maths: ALGORITHMS.md).
+"""Pure tensor functions for every rlft algorithm (maths: docs/algorithms.md).
 
 The training loop picks each piece by name from a registry whose entries share
 one signature, so it never branches on the algorithm:

@@ -1,4 +1,4 @@
-"""Advantage estimators (ALGORITHMS.md §3, §4, §5, §6, §8) and reward shaping.
+"""Advantage estimators (docs/algorithms.md §3, §4, §5, §6, §8) and reward shaping.
 
 Registry signature (ADVANTAGES):
 

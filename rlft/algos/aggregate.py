@@ -1,4 +1,4 @@
-"""Reduce a per-token loss matrix to a scalar (ALGORITHMS.md §0, "Aggregation modes").
+"""Reduce a per-token loss matrix to a scalar (docs/algorithms.md §0, "Aggregation modes").
 
 Registry signature (AGGREGATIONS):
 

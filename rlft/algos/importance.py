@@ -5,8 +5,8 @@ a sampled token differs slightly from pi_old, the trainer's probability of that 
 same weights. The policy-gradient estimator assumes samples from pi_old; reweighting each token's
 loss by pi_old / pi_engine restores that, and truncating or masking the weight bounds its variance
 (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"; the
-masked variant follows Liu et al. 2025's "when speed kills stability"). docs/algorithms.md
-("Engine mismatch") has the equations.
+masked variant follows Liu et al. 2025's "when speed kills stability"). docs/algorithms.md §12
+has the equations.
 
 Registry (IS_CORRECTIONS), one signature:
 

@@ -1,4 +1,4 @@
-"""KL estimators and KL-coefficient controllers (ALGORITHMS.md §1.1, §3).
+"""KL estimators and KL-coefficient controllers (docs/algorithms.md §1, §3).
 
 Registry signature (KL_ESTIMATORS):
 
@@ -65,7 +65,7 @@ class FixedKLController:
 
 
 class AdaptiveKLController:
-    """Adaptive KL coefficient of Ziegler et al. 2019 (ALGORITHMS.md §3).
+    """Adaptive KL coefficient of Ziegler et al. 2019 (docs/algorithms.md §3).
 
         e    = clip(KL / KL_target - 1, -0.2, 0.2)
         beta = beta * (1 + e * n_steps / horizon)

@@ -2,7 +2,7 @@
 
 Shapes: `x`, `mask` are [B, T]; `mask` is 1 on response tokens (up to and
 including the first EOS) and 0 on prompt, padding and post-EOS positions
-(ALGORITHMS.md §0). Masked positions never contribute to a statistic, even when
+(docs/algorithms.md §0). Masked positions never contribute to a statistic, even when
 they hold NaN or inf: values are selected with `torch.where`, not multiplied.
 """
 
@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-WHITEN_EPS = 1e-8  # ALGORITHMS.md §1.3
+WHITEN_EPS = 1e-8  # docs/algorithms.md §1
 
 # Sums a small tensor over every rank (the identity on one rank). Statistics that take one are
 # computed over the whole distributed batch instead of this rank's share.
@@ -65,7 +65,7 @@ def masked_moments(x: Tensor, mask: Tensor, unbiased: bool = True,
 
 def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, unbiased: bool = True,
            reduce: Reduce | None = None) -> Tensor:
-    """ALGORITHMS.md §1.3: (x - mean) / sqrt(Var(x) + 1e-8) over valid entries
+    """docs/algorithms.md §1: (x - mean) / sqrt(Var(x) + 1e-8) over valid entries
     (of every rank's batch with `reduce`).
 
     With shift_mean=False the mean is added back (reward whitening). Masked
@@ -79,7 +79,7 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, unbiased: bool = Tr
 
 
 def sequence_logp(logp: Tensor, mask: Tensor) -> Tensor:
-    """Sequence log-prob s(y) = sum_t m_t logp_t (ALGORITHMS.md §0). [B, T] -> [B]."""
+    """Sequence log-prob s(y) = sum_t m_t logp_t (docs/algorithms.md §0). [B, T] -> [B]."""
     return masked_sum(logp, mask, dim=-1)
 
 

@@ -1,4 +1,4 @@
-"""Policy-gradient losses (ALGORITHMS.md §1.2, §4, §5, §10).
+"""Policy-gradient losses (docs/algorithms.md §1, §4, §5, §10).
 
 Token-level registry (POLICY_LOSSES), used by GRPO, Dr. GRPO, DAPO, PPO, RLOO,
 REINFORCE++ and online RFT:

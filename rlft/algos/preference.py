@@ -1,4 +1,4 @@
-"""Preference and reward-model losses (ALGORITHMS.md §2, §5, §9).
+"""Preference and reward-model losses (docs/algorithms.md §2, §5, §9).
 
     dpo_loss            DPO on sequence log-probs, optionally length-normalised (§9, §5 Eq. 12)
     bradley_terry_loss  outcome RM pairwise loss -log sigma(r_w - r_l) (§2.1)

@@ -1,4 +1,4 @@
-"""Critic-side functions for PPO-RLHF (ALGORITHMS.md §3): per-token KL-shaped
+"""Critic-side functions for PPO-RLHF (docs/algorithms.md §3): per-token KL-shaped
 rewards, GAE, the clipped value loss and explained variance.
 
 Shapes: [B, T] for logp_old, ref_logp, values, rewards, returns and mask;
@@ -38,7 +38,7 @@ def kl_shaped_rewards(
     beta: float,
     kl_estimator: str = "k1",
 ) -> Tensor:
-    """ALGORITHMS.md §3: r_t = -beta * k(old_logp_t, ref_logp_t) + 1[t = T_last] * score.
+    """docs/algorithms.md §3: r_t = -beta * k(old_logp_t, ref_logp_t) + 1[t = T_last] * score.
 
     T_last is the last valid token (EOS when present). k defaults to k1
     (lm-human-preferences, REINFORCE++); TRL allows k3. Masked positions are 0.
@@ -54,7 +54,7 @@ def gae(
     gamma: float,
     lam: float,
 ) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation (arXiv 1506.02438; ALGORITHMS.md §3).
+    """Generalised advantage estimation (arXiv 1506.02438; docs/algorithms.md §3).
 
         delta_t = r_t + gamma * V_{t+1} - V_t,   A_t = delta_t + gamma * lam * A_{t+1},
         R_t = A_t + V_t,
@@ -89,7 +89,7 @@ def value_loss(
     clip_eps: float | None,
     denom: AggDenominator | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped value loss (ALGORITHMS.md §3), token-mean aggregated:
+    """Clipped value loss (docs/algorithms.md §3), token-mean aggregated:
 
         L_vf = 1/2 * token-mean max((V - R)^2, (clip(V, V_old - eps_v, V_old + eps_v) - R)^2)
 

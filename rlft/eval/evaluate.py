@@ -1,4 +1,4 @@
-"""`rlft eval`: accuracy, unbiased pass@k and maj@k (ALGORITHMS.md §11), reward, RM score and KL
+"""`rlft eval`: accuracy, unbiased pass@k and maj@k (docs/algorithms.md §11), reward, RM score and KL
 to a reference, for one checkpoint or several.
 
     rlft eval run.name=demo                           # this run's SFT output (model.path=auto)

@@ -1,4 +1,4 @@
-"""Sampling-based evaluation metrics (ALGORITHMS.md §11).
+"""Sampling-based evaluation metrics (docs/algorithms.md §11).
 
     pass_at_k       unbiased pass@k of Chen et al. 2021 (human-eval), one problem
     mean_pass_at_k  its average over problems

@@ -72,7 +72,7 @@ def target_aligned(values: list[list[float]], prompt_lens: list[int], width: int
 
 def apply_truncation_policy(scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
                             policy: str, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores, mask) after the policy for completions that hit max_new_tokens (ALGORITHMS.md §0)."""
+    """(scores, mask) after the policy for completions that hit max_new_tokens (docs/algorithms.md §0)."""
     scores, mask = scores.clone(), mask.clone()
     if policy == "zero_reward":
         scores[truncated] = 0.0

@@ -1,4 +1,4 @@
-"""Offline DPO (ALGORITHMS.md §9): preference pairs, a frozen reference, -log sigma(h_w - h_l).
+"""Offline DPO (docs/algorithms.md §9): preference pairs, a frozen reference, -log sigma(h_w - h_l).
 
     rlft train algo=dpo run.name=demo                         # built-in pairs, from this run's SFT
     rlft train algo=dpo data=jsonl data.source=prefs.jsonl    # prompt/chosen/rejected rows

@@ -3,7 +3,7 @@
     rlft train algo=rm  run.name=demo     # starts from this run's SFT checkpoint
     rlft train algo=prm run.name=demo
 
-RM (ALGORITHMS.md §2.1): a scalar head reads the last real token of prompt + response;
+RM (docs/algorithms.md §2): a scalar head reads the last real token of prompt + response;
 loss = -log sigmoid(r_chosen - r_rejected), averaged over the pairs of the optimizer step.
 PRM (§2.2): the same head read at the last token of every reasoning step; loss = binary
 cross-entropy against the step labels, averaged over the steps of the optimizer step.

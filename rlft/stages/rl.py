@@ -5,7 +5,7 @@
     rlft train algo=grpo algo.iterations=2 reward=rm run.name=demo       # iterative, RM retrained
     rlft train algo=online_rft run.name=demo
 
-Each rollout step (ALGORITHMS.md §4, Algorithm 1):
+Each rollout step (docs/algorithms.md §4, Algorithm 1):
   1. take this rank's share of `prompts_per_step` prompts and sample G completions each;
   2. score them (rewards.RewardSet), apply the truncation policy;
   3. old log-probs (only when the batch is reused: mu > 1 or several minibatches) and

@@ -155,7 +155,7 @@ def test_multi_node_without_port_is_refused(workdir):
 
 
 def test_missing_input_is_one_line_with_two_ranks(workdir):
-    """DESIGN.md: a missing input is a one-line error that names the command that would make it."""
+    """README ("Outputs and hand-off"): a missing input is a one-line error that names the command that would make it."""
     proc = run_cli(workdir, "train", "algo=rm", "run.name=nosft", *BASE, *CONFIGS["z2x2"], timeout=300)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -1,4 +1,4 @@
-"""Advantage estimators against ALGORITHMS.md T1, T2, T6, T8, T9."""
+"""Advantage estimators against docs/algorithms.md T1, T2, T6, T8, T9."""
 
 import json
 from dataclasses import replace

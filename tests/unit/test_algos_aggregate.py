@@ -1,4 +1,4 @@
-"""Loss aggregation modes against ALGORITHMS.md §0 and T3, plus micro-batch exactness."""
+"""Loss aggregation modes against docs/algorithms.md §0 and T3, plus micro-batch exactness."""
 
 import json
 from pathlib import Path

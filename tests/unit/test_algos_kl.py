@@ -1,4 +1,4 @@
-"""KL estimators and controllers against ALGORITHMS.md §1.1, §3, T4 and T6."""
+"""KL estimators and controllers against docs/algorithms.md §1, §3, T4 and T6."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""P3O pairwise losses against ALGORITHMS.md §10 and T7."""
+"""P3O pairwise losses against docs/algorithms.md §10 and T7."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Token-level policy losses against ALGORITHMS.md §1.2, §4, §5 and T3."""
+"""Token-level policy losses against docs/algorithms.md §1, §4, §5 and T3."""
 
 import json
 import math

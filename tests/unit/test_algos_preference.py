@@ -1,4 +1,4 @@
-"""DPO, Bradley-Terry and process-RM losses against ALGORITHMS.md §2, §5, §9, T5 and T11."""
+"""DPO, Bradley-Terry and process-RM losses against docs/algorithms.md §2, §5, §9, T5 and T11."""
 
 import json
 import math

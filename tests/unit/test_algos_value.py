@@ -1,4 +1,4 @@
-"""GAE, KL-shaped rewards, whitening, value loss against ALGORITHMS.md §1.3, §3 and T6."""
+"""GAE, KL-shaped rewards, whitening, value loss against docs/algorithms.md §1, §3 and T6."""
 
 import json
 from pathlib import Path

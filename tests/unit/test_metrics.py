@@ -1,4 +1,4 @@
-"""pass@k and maj@k against ALGORITHMS.md §11 and T10."""
+"""pass@k and maj@k against docs/algorithms.md §11 and T10."""
 
 import json
 from math import comb

@@ -1,4 +1,4 @@
-"""P3O's motivating property (ALGORITHMS.md §10, Thm. 2): adding a per-prompt constant to the
+"""P3O's motivating property (docs/algorithms.md §10, Thm. 2): adding a per-prompt constant to the
 rewards leaves the P3O update unchanged, while PPO's update (GAE against a critic) changes.
 
 Both updates run through the RL loop's own functions (pair_inputs + update_pairwise,

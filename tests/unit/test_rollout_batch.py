@@ -1,5 +1,5 @@
 """Rollout tensors (rlft.rollout): sequences and the response mask, truncation policies, PRM
-step columns, row concatenation, EOS cutting and chunked log-probs (ALGORITHMS.md §0)."""
+step columns, row concatenation, EOS cutting and chunked log-probs (docs/algorithms.md §0)."""
 from __future__ import annotations
 
 import pytest
