@@ -29,11 +29,10 @@ from rlft.algos.advantages import (
     group_normalize,
     group_stats,
     leave_one_out,
-    overlong_penalty,
 )
 from rlft.algos.aggregate import AGGREGATIONS, AggDenominator, agg_denominator, aggregate
 from rlft.algos.importance import IS_CORRECTIONS, ISConfig
-from rlft.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController
+from rlft.algos.kl import KL_ESTIMATORS, AdaptiveKLController
 from rlft.algos.masked import masked_mean, masked_sum, masked_var, sequence_logp, whiten, zero_masked
 from rlft.algos.policy_losses import (
     P3O_LOSSES,
@@ -42,13 +41,11 @@ from rlft.algos.policy_losses import (
     PolicyLossConfig,
     importance_ratio,
     p3o_aggregate,
-    p3o_denominator,
     p3o_pair_indices,
     p3o_reward_delta,
 )
 from rlft.algos.preference import (
     bradley_terry_loss,
-    bt_ranking_loss,
     dpo_loss,
     math_shepherd_labels,
     prm_bce_loss,
@@ -69,13 +66,11 @@ __all__ = [
     "AdvantageInputs",
     "AdvantageOutput",
     "AggDenominator",
-    "FixedKLController",
     "P3OConfig",
     "PolicyLossConfig",
     "agg_denominator",
     "aggregate",
     "bradley_terry_loss",
-    "bt_ranking_loss",
     "check_group_size",
     "dpo_loss",
     "dynamic_sampling_keep_mask",
@@ -91,9 +86,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "math_shepherd_labels",
-    "overlong_penalty",
     "p3o_aggregate",
-    "p3o_denominator",
     "p3o_pair_indices",
     "p3o_reward_delta",
     "prm_bce_loss",

@@ -144,23 +144,6 @@ def leave_one_out(scores: Tensor, group_size: int) -> Tensor:
     return (g - baseline).reshape(-1)
 
 
-def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO soft overlong penalty R_len (§7), added to the task reward:
-
-        0                          if |y| <= L_max - L_cache
-        ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
-        -1                         if |y| > L_max
-    """
-    if not 0 < cache_len <= max_len:
-        raise ValueError(f"overlong penalty needs 0 < cache_len <= max_len, got {cache_len}, {max_len}")
-    lengths = lengths.to(torch.get_default_dtype())
-    soft_start = max_len - cache_len
-    penalty = ((soft_start - lengths) / cache_len).clamp(max=0.0)
-    return torch.where(lengths > max_len, torch.full_like(lengths, -1.0), penalty)
-
-
-# ------------------------------------------------------------------ shared pieces
-
 
 def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
     """[B] -> [B, T], 0 on masked positions."""
@@ -320,6 +303,5 @@ __all__ = [
     "group_normalize",
     "group_stats",
     "leave_one_out",
-    "overlong_penalty",
     "zero_std_groups",
 ]

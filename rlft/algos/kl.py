@@ -54,16 +54,6 @@ def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return (torch.exp(lam) - lam - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
 
 
-class FixedKLController:
-    """Constant KL coefficient; same interface as AdaptiveKLController."""
-
-    def __init__(self, kl_coef: float):
-        self.value = float(kl_coef)
-
-    def update(self, current_kl: float, n_steps: int) -> float:
-        return self.value
-
-
 class AdaptiveKLController:
     """Adaptive KL coefficient of Ziegler et al. 2019 (docs/algorithms.md §3).
 

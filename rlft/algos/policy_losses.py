@@ -301,17 +301,12 @@ def _p3o_metrics(clipfrac: Tensor, w: Tensor, delta: Tensor) -> dict[str, Tensor
     }
 
 
-def p3o_denominator(mask1: Tensor, mask2: Tensor) -> AggDenominator:
-    """Counts for p3o_aggregate: pairs, and valid tokens of both responses."""
-    n_tok = float(masked_count(mask1) + masked_count(mask2))
-    return AggDenominator(num_seqs=float(mask1.shape[0]), num_tokens=n_tok, max_len=float(mask1.shape[-1]))
-
 
 def p3o_aggregate(loss: Tensor, cfg: P3OConfig, denom: AggDenominator) -> Tensor:
     """Sum of per-pair losses [P] divided by the number of pairs (default: the
     mean over pairs) or, for separate_tokenwise or cfg.avg_tokenwise, by the
     tokens of both responses. `denom` holds the counts of the whole optimiser
-    step (p3o_denominator on the full batch, summed with + over micro-batches).
+    step, summed over ranks (the same for every micro-batch of the step).
 
     As in the P3O authors' code, the token-averaged form of joint and separate has no 1/2: their
     per-pair losses carry it (the pair mean), so avg_tokenwise divides twice the sum by the tokens."""

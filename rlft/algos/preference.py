@@ -2,7 +2,6 @@
 
     dpo_loss            DPO on sequence log-probs, optionally length-normalised (§9, §5 Eq. 12)
     bradley_terry_loss  outcome RM pairwise loss -log sigma(r_w - r_l) (§2.1)
-    bt_ranking_loss     InstructGPT K-wise ranking: mean over all C(K, 2) pairs (§2.1)
     prm_bce_loss        Math-Shepherd process RM: BCE over steps (§2.2)
     solution_score_min  PRM solution score = min over steps (§2.2)
     math_shepherd_labels hard / soft step labels from completer outcomes (§2.2)
@@ -62,23 +61,6 @@ def bradley_terry_loss(r_w: Tensor, r_l: Tensor) -> Tensor:
     """-log sigma(r_w - r_l) per pair (InstructGPT Eq. 1). P(w > l) = sigma(r_w - r_l)."""
     return -F.logsigmoid(r_w - r_l)
 
-
-def bt_ranking_loss(scores: Tensor, order: Tensor) -> Tensor:
-    """InstructGPT K-wise ranking loss: the mean of -log sigma(r_a - r_b) over all
-    C(K, 2) pairs where a is ranked above b, then the mean over prompts.
-
-    scores: [K] or [N, K] rewards of K responses; order: same shape, response
-    indices from best to worst. Returns a scalar.
-    """
-    if scores.dim() == 1:
-        scores, order = scores.unsqueeze(0), order.unsqueeze(0)
-    K = scores.shape[-1]
-    if K < 2:
-        raise ValueError(f"a ranking needs at least 2 responses, got {K}")
-    ranked = torch.gather(scores, -1, order.long())  # [N, K], best first
-    hi, lo = torch.triu_indices(K, K, offset=1, device=scores.device)  # all pairs, hi ranked above lo
-    pair_losses = -F.logsigmoid(ranked[:, hi] - ranked[:, lo])  # [N, C(K,2)]
-    return pair_losses.mean()
 
 
 def prm_bce_loss(

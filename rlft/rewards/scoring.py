@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from rlft.algos.preference import solution_score_min
+
 from rlft import handoff
 from rlft.data.encode import collate_padded, encode_steps, pad_to
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
@@ -76,7 +78,8 @@ class ScoringModel:
     def outcome(self, prompt_texts: list[str], completions: list[str]) -> list[float]:
         """RM: the scalar at the last token. PRM: the minimum step probability (solution score)."""
         if self.kind == "prm":
-            return [min(s) if s else 0.0 for s in self.steps(prompt_texts, completions)[0]]
+            return [float(solution_score_min(torch.tensor(s))) if s else 0.0
+                    for s in self.steps(prompt_texts, completions)[0]]
         seqs = [self._encode(p, c) for p, c in zip(prompt_texts, completions)]
         out: list[float] = []
         for i in range(0, len(seqs), self.micro_batch):

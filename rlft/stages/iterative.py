@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 from omegaconf import OmegaConf
 
+from rlft.algos.preference import math_shepherd_labels
 from rlft.data.encode import encode_pair, encode_prompt, encode_steps
 from rlft.engine import Engine, dist, save_hf_dir
 from rlft.models import load_model
@@ -67,11 +70,10 @@ def hard_step_labels(stage, record: dict) -> list[int]:
     r = stage.cfg.rollout
     gens = stage.generate(prompt_ids, n, Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
                           seed=len(record["completion"]) * 7919 + stage.ctx.info.rank)
-    labels = []
-    for j, prefix in enumerate(prefixes):
-        texts = gens.texts[j * n:(j + 1) * n]
-        labels.append(int(any(answers_match(extract_answer(prefix + t), record["gold"]) for t in texts)))
-    return labels
+    reaching = [sum(answers_match(extract_answer(prefix + t), record["gold"]) for t in gens.texts[j * n:(j + 1) * n])
+                for j, prefix in enumerate(prefixes)]
+    hard, _ = math_shepherd_labels(torch.tensor(reaching), n)
+    return [int(x) for x in hard.tolist()]
 
 
 def new_examples(stage, kind: str, tokenizer, records: list[dict]) -> list[dict]:

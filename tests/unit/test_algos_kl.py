@@ -1,13 +1,12 @@
 """KL estimators and controllers against docs/algorithms.md §1, §3, T4 and T6."""
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlft.algos import KL_ESTIMATORS, AdaptiveKLController, FixedKLController
+from rlft.algos import KL_ESTIMATORS, AdaptiveKLController
 
 V = json.loads((Path(__file__).resolve().parents[1] / "data" / "algorithms_vectors.json").read_text())
 T4 = V["T4_kl_estimators"]
@@ -75,9 +74,3 @@ def test_t6_adaptive_kl_controller():
     assert ctl.update(6.6, 512) == pytest.approx(0.1 * (1 + 0.1 * 0.0512), abs=1e-12)
     with pytest.raises(ValueError):
         AdaptiveKLController(0.1, 0.0, 10000)
-
-
-def test_fixed_kl_controller_never_moves():
-    ctl = FixedKLController(0.05)
-    assert ctl.update(100.0, 512) == 0.05 and ctl.value == 0.05
-    assert math.isclose(FixedKLController(0.2).value, 0.2)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlft.algos import P3O_LOSSES, P3OConfig, p3o_aggregate, p3o_denominator, p3o_pair_indices, p3o_reward_delta
+from rlft.algos import P3O_LOSSES, AggDenominator, P3OConfig, p3o_aggregate, p3o_pair_indices, p3o_reward_delta
 
 V = json.loads((Path(__file__).resolve().parents[1] / "data" / "algorithms_vectors.json").read_text())
 T7 = V["T7_p3o"]
@@ -117,16 +117,14 @@ def test_separate_tokenwise_clips_per_token():
     torch.testing.assert_close(logp1.grad, t([[0.0, omega]]), **TOL)
     torch.testing.assert_close(logp2.grad, t([[-omega, -omega, 0.0]]), **TOL)
     # aggregation: separate_tokenwise divides by the 4 valid tokens of both responses
-    denom = p3o_denominator(mask1, mask2)
-    assert (denom.num_seqs, denom.num_tokens) == (1.0, 4.0)
+    denom = AggDenominator(num_seqs=1.0, num_tokens=4.0, max_len=3.0)
     cfg = P3OConfig(clip_mode="separate_tokenwise")
     assert p3o_aggregate(loss, cfg, denom).item() == pytest.approx(expected / 4, abs=1e-6)
 
 
 def test_p3o_aggregate_means_over_pairs_and_adds_up_over_micro_batches():
     loss = t([0.3, -0.1, 0.7])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
-    denom = p3o_denominator(mask, mask)  # 3 pairs, 12 tokens
+    denom = AggDenominator(num_seqs=3.0, num_tokens=12.0, max_len=3.0)  # 3 pairs, 12 tokens of both responses
     assert p3o_aggregate(loss, P3OConfig(), denom).item() == pytest.approx(0.9 / 3)
     # the authors' token average: the per-pair losses' 1/2 is undone (2 x 0.9 over 12 tokens)
     assert p3o_aggregate(loss, P3OConfig(avg_tokenwise=True), denom).item() == pytest.approx(2 * 0.9 / 12)

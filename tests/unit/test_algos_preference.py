@@ -9,7 +9,6 @@ import torch
 
 from rlft.algos import (
     bradley_terry_loss,
-    bt_ranking_loss,
     dpo_loss,
     math_shepherd_labels,
     prm_bce_loss,
@@ -65,18 +64,6 @@ def test_t5_bradley_terry_pair():
     assert math.exp(-loss.item()) == pytest.approx(exp["P(w>l)"], abs=1e-6)
     # per-prompt shift invariance (§2.1)
     torch.testing.assert_close(bradley_terry_loss(t([exp["r_w"] + 3.0]), t([exp["r_l"] + 3.0])), loss)
-
-
-def test_t5_bt_k4_ranking():
-    exp = T5["bt_rm_K4_ranking"]
-    scores, order = t(exp["scores"]), torch.tensor(exp["ranking_best_to_worst"])
-    torch.testing.assert_close(bt_ranking_loss(scores, order), t(exp["mean_loss_over_C(K,2)"]), **TOL)
-    # batched: the same ranking twice, and a reversed ranking that must cost more
-    batch = bt_ranking_loss(torch.stack([scores, scores]), torch.stack([order, order]))
-    torch.testing.assert_close(batch, t(exp["mean_loss_over_C(K,2)"]), **TOL)
-    assert bt_ranking_loss(scores, order.flip(0)).item() > batch.item()
-    with pytest.raises(ValueError):
-        bt_ranking_loss(t([1.0]), torch.tensor([0]))
 
 
 def test_t11_prm_bce_sum_and_mean_over_steps():
