@@ -443,16 +443,48 @@ class DPOConfig(AlgoConfig):
     """Evaluate held-out pairs every this many steps (0: only at the end)."""
 
 
-ALGO_SCHEMAS: dict[str, type] = {"sft": SFTConfig, "rm": RMConfig, "prm": PRMConfig, "grpo": RLConfig,
-                                 "online_rft": RLConfig, "rft": RFTConfig, "dpo": DPOConfig, "ppo": RLConfig,
-                                 "p3o": RLConfig, "online_dpo": RLConfig}
-RL_ALGOS = ("grpo", "online_rft", "ppo", "p3o", "online_dpo")
-CRITIC_ADVANTAGES = ("gae",)  # need value estimates from a critic
+# ----------------------------------------------------------------------------- the algorithm table
+@dataclass(frozen=True)
+class AlgoSpec:
+    """What one `algo=` name is. Everything that depends on the algorithm asks this table (and the
+    registries of rlft.algos for the functions the preset names); nothing compares names."""
+    schema: type
+    """Its config schema (the `algo` section)."""
+    stage: str
+    """`module:function` in rlft.stages that trains it: function(cfg, ctx) -> summary."""
+    rl: bool = False
+    """The online RL loop: rollouts from the policy, batch derived from prompts x samples."""
+    samples: bool = False
+    """Samples completions and scores them with `reward.functions`."""
+    critic: bool = False
+    """Trains a value model (from `algo.critic_init`) for an advantage that needs one."""
+
+
+ALGOS: dict[str, AlgoSpec] = {
+    "sft": AlgoSpec(SFTConfig, "sft:run"),
+    "rm": AlgoSpec(RMConfig, "reward:run_rm"),
+    "prm": AlgoSpec(PRMConfig, "reward:run_prm"),
+    "dpo": AlgoSpec(DPOConfig, "dpo:run"),
+    "rft": AlgoSpec(RFTConfig, "rft:run", samples=True),
+    "grpo": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
+    "online_rft": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
+    "p3o": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
+    "online_dpo": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
+    "ppo": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True, critic=True),
+}
+ALGO_SCHEMAS: dict[str, type] = {name: spec.schema for name, spec in ALGOS.items()}
+
+
+def algo_spec(name: str) -> AlgoSpec:
+    """The table's entry for `name`; a one-line ConfigError listing the valid names otherwise."""
+    if name not in ALGOS:
+        raise ConfigError(f"unknown algorithm '{name}'; valid: {', '.join(sorted(ALGOS))}")
+    return ALGOS[name]
 
 
 def derive(cfg) -> None:
     """Fill values that follow from others: an RL optimizer step's batch is its rollout share."""
-    if cfg.algo.name in RL_ALGOS:
+    if algo_spec(cfg.algo.name).rl:
         a = cfg.algo
         rollout = a.prompts_per_step * a.samples_per_prompt
         if rollout % a.minibatches_per_rollout:
@@ -559,7 +591,7 @@ def validate(cfg) -> None:
     """Check values that types alone cannot; raise ConfigError with a one-line fix."""
     derive(cfg)
     t, e = cfg.train, cfg.engine
-    if cfg.algo.name in RL_ALGOS:
+    if algo_spec(cfg.algo.name).rl:
         validate_rl(cfg)
     _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
     _check_choice("engine.precision", e.precision, ["fp32", "bf16"])
@@ -619,12 +651,15 @@ def validate_rl(cfg) -> None:
     if a.samples_per_prompt < 2 and a.advantage in ("grpo", "dr_grpo", "grpo_process", "rloo", "reinforce_pp_baseline"):
         raise ConfigError(f"algo.samples_per_prompt={a.samples_per_prompt}: group-relative advantages need "
                           "groups of at least 2 completions")
-    if (a.advantage in CRITIC_ADVANTAGES) != (a.name == "ppo"):
-        if a.name == "ppo":
-            raise ConfigError(f"algo=ppo trains a critic for GAE; set algo.advantage=gae (got {a.advantage})")
+    trains_critic = algo_spec(a.name).critic
+    if ADVANTAGES.needs(a.advantage, "critic") != trains_critic:
+        if trains_critic:
+            raise ConfigError(f"algo={a.name} trains a critic; set algo.advantage="
+                              f"{'|'.join(ADVANTAGES.names_needing('critic'))}, which uses it (got {a.advantage})")
+        critics = ", ".join(n for n, s in sorted(ALGOS.items()) if s.critic)
         raise ConfigError(f"algo.advantage={a.advantage} needs a critic, which algo={a.name} does not train; "
-                          f"choose one of: {', '.join(n for n in ADVANTAGES.names() if n not in CRITIC_ADVANTAGES)}"
-                          " (or use algo=ppo)")
+                          f"choose one of: {', '.join(ADVANTAGES.names_needing('critic', False))}"
+                          f" (or use algo={critics})")
     _check_choice("algo.kl_in", a.kl_in, ["loss", "reward"])
     if a.pairwise:
         from rlft.algos import P3O_LOSSES

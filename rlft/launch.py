@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlft import handoff
-from rlft.config import RL_ALGOS, grad_accum_steps
+from rlft.config import algo_spec, grad_accum_steps
 
 
 class LaunchError(RuntimeError):
@@ -69,13 +69,15 @@ class RankUserError(LaunchError):
 def preflight(cfg) -> None:
     """Inputs that must exist, checked before any rank starts (one-line MissingInputError)."""
     handoff.resolve_model_path(cfg)
-    a = cfg.algo
-    functions = list(cfg.reward.functions) if a.name in RL_ALGOS + ("rft",) else []
-    if a.name == "ppo":
+    from rlft.algos import ADVANTAGES
+
+    a, spec = cfg.algo, algo_spec(cfg.algo.name)
+    functions = list(cfg.reward.functions) if spec.samples else []
+    if spec.critic:
         handoff.resolve_model_path(cfg, a.critic_init)
     if "rm" in functions:
         handoff.resolve_model_path(cfg, cfg.reward.rm_path)
-    if "prm" in functions or a.get("advantage") == "grpo_process":
+    if "prm" in functions or (spec.rl and ADVANTAGES.needs(a.advantage, "step_scores")):
         handoff.resolve_model_path(cfg, cfg.reward.prm_path)
 
 

@@ -34,17 +34,33 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind  # human-readable, used in error messages ("advantage estimator")
         self._entries: dict[str, Callable] = {}
+        self._meta: dict[str, dict] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator that registers a function under `name` and returns it unchanged."""
+    def register(self, name: str, **meta) -> Callable[[F], F]:
+        """Decorator that registers a function under `name` and returns it unchanged. `meta` says
+        what the entry needs from its caller (e.g. needs=("critic",)); read it with `meta(name)`."""
 
         def decorator(fn: F) -> F:
             if name in self._entries:
                 raise ValueError(f"{self.kind} '{name}' is already registered")
             self._entries[name] = fn
+            self._meta[name] = meta
             return fn
 
         return decorator
+
+    def meta(self, name: str) -> dict:
+        """What `name` was registered with (empty when nothing); UnknownNameError for an unknown name."""
+        self.get(name)
+        return self._meta[name]
+
+    def needs(self, name: str, what: str) -> bool:
+        """Whether entry `name` declared `what` among its needs."""
+        return what in self.meta(name).get("needs", ())
+
+    def names_needing(self, what: str, present: bool = True) -> list[str]:
+        """The names that declare (or, with present=False, do not declare) `what` among their needs."""
+        return [n for n in self.names() if self.needs(n, what) == present]
 
     def get(self, name: str) -> Callable:
         """The function registered as `name`; `UnknownNameError` (a KeyError) otherwise."""

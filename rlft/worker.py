@@ -11,12 +11,12 @@ from omegaconf import OmegaConf
 def run_stage(cfg) -> dict:
     """Join the process group and run the configured stage on this rank."""
     from rlft.engine import dist
-    from rlft.stages import STAGES
+    from rlft.stages import run_stage_function
     from rlft.stages.common import StageContext
 
     info = dist.init(cfg.engine)
     ctx = StageContext(cfg=cfg, info=info, run_dir=Path(cfg.run.dir))
-    return STAGES.get(cfg.algo.name)(cfg, ctx)
+    return run_stage_function(cfg, ctx)
 
 
 def main(argv: list[str]) -> None:

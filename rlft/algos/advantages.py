@@ -4,6 +4,9 @@ Registry signature (ADVANTAGES):
 
     fn(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput(adv [B, T], returns [B, T] | None)
 
+An entry that needs more than scores says so when registered: needs=("critic",) (values from a
+critic the stage trains) or needs=("step_scores",) (a PRM's per-step scores).
+
 `adv` is per token and 0 on masked positions; `returns` is set by estimators
 that have them (gae: critic targets; reinforce_pp*: returns-to-go), else None.
 Responses are laid out contiguously, `group_size` (G) per prompt: rows
@@ -191,7 +194,7 @@ def dr_grpo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     return AdvantageOutput(_broadcast(a, batch.mask), None)
 
 
-@ADVANTAGES.register("grpo_process")
+@ADVANTAGES.register("grpo_process", needs=("step_scores",))
 def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """GRPO process supervision (§4.1.3).
 
@@ -268,7 +271,7 @@ def reinforce_pp_baseline(batch: AdvantageInputs, cfg: AdvantageConfig) -> Advan
     return _reinforce_pp(batch, cfg, centred, "reinforce_pp_baseline")
 
 
-@ADVANTAGES.register("gae")
+@ADVANTAGES.register("gae", needs=("critic",))
 def gae(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """PPO-RLHF (§3): r_t = -beta k1(old, ref)_t + 1[t=T] score; GAE(gamma, lam)
     with the rollout values; returns R = A + V are the critic targets;

@@ -1,27 +1,13 @@
-"""Stage recipes, one module each; `STAGES` maps an algorithm name to its `run(cfg, ctx)`."""
+"""Stage recipes, one module each. `run_stage` runs the function the algorithm table
+(rlft.config.ALGOS) names for `cfg.algo.name`."""
 from __future__ import annotations
 
 from importlib import import_module
 
-from rlft.registry import Registry
 
-STAGES = Registry("algorithm")
+def run_stage_function(cfg, ctx) -> dict:
+    """`module:function` of the algorithm's table entry, called with (cfg, ctx)."""
+    from rlft.config import algo_spec
 
-
-def _lazy(module: str, attr: str = "run"):
-    def run(cfg, ctx):
-        return getattr(import_module(f"rlft.stages.{module}"), attr)(cfg, ctx)
-    run.__name__ = f"{module}.{attr}"
-    return run
-
-
-STAGES.register("sft")(_lazy("sft"))
-STAGES.register("rm")(_lazy("reward"))
-STAGES.register("prm")(_lazy("reward"))
-STAGES.register("grpo")(_lazy("rl"))
-STAGES.register("online_rft")(_lazy("rl"))
-STAGES.register("rft")(_lazy("rft"))
-STAGES.register("dpo")(_lazy("dpo"))
-STAGES.register("ppo")(_lazy("rl"))
-STAGES.register("p3o")(_lazy("rl"))
-STAGES.register("online_dpo")(_lazy("rl"))
+    module, function = algo_spec(cfg.algo.name).stage.split(":")
+    return getattr(import_module(f"rlft.stages.{module}"), function)(cfg, ctx)

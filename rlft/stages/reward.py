@@ -83,10 +83,19 @@ def held_out(engine: Engine, examples: list[dict], loss_fn, micro: int, prefix: 
     return {prefix + n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
 
 
-def run(cfg, ctx: common.StageContext) -> dict:
-    """Train an outcome RM (algo=rm) or a process RM (algo=prm)."""
+def run_rm(cfg, ctx: common.StageContext) -> dict:
+    """Train an outcome RM (algo=rm)."""
+    return run(cfg, ctx, "rm")
+
+
+def run_prm(cfg, ctx: common.StageContext) -> dict:
+    """Train a process RM (algo=prm)."""
+    return run(cfg, ctx, "prm")
+
+
+def run(cfg, ctx: common.StageContext, kind: str) -> dict:
+    """Train a reward model with the `kind` head (rm: outcome, prm: process)."""
     common.prepare_run_dir(ctx)
-    kind = cfg.algo.name
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)

@@ -30,6 +30,7 @@ from rlft.algos import (ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS,
 from rlft.algos.policy_losses import p3o_aggregate, p3o_pair_indices, p3o_reward_delta
 from rlft.algos.preference import dpo_loss
 from rlft.algos.value import value_loss
+from rlft.config import algo_spec
 from rlft.data.encode import encode_prompt
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer, token_scores
@@ -74,13 +75,13 @@ class RLStage:
         common.seed_everything(cfg.seed)
         self.policy = Engine(cfg, load_model(cfg.model, self.parent, self.tokenizer, seed=cfg.seed))
         self.ref = self.load_reference(self.parent) if self.a.kl_coef > 0 else None
-        self.critic = build_critic(cfg, self.tokenizer) if self.a.advantage == "gae" else None
+        self.critic = build_critic(cfg, self.tokenizer) if algo_spec(self.a.name).critic else None
         self.kl_coef = float(self.a.kl_coef)
         self.kl_ctl = AdaptiveKLController(self.kl_coef, self.a.kl_target, self.a.kl_horizon) \
             if self.a.adaptive_kl else None
         self.rewards = RewardSet(cfg, ctx.info.device)
         self.step_prm = None  # process supervision: the PRM that scores every step
-        if self.a.advantage == "grpo_process":
+        if ADVANTAGES.needs(self.a.advantage, "step_scores"):
             self.step_prm = self.rewards.models.get("prm") or RewardSet.load_model(cfg, "prm", ctx.info.device)
         self.train_rows = inputs.qa_rows(cfg, "train")
         self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
@@ -122,7 +123,7 @@ class RLStage:
         r = self.cfg.reward
         ro.scores, ro.mask = rb.apply_truncation_policy(total, ro.mask, ro.truncated, r.truncation_policy,
                                                         r.truncation_penalty)
-        if self.a.advantage == "grpo_process":
+        if self.step_prm is not None:
             probs, char_ends = self.step_prm.steps(ro.prompt_texts, ro.completions)
             ro.step_scores = probs
             ro.step_ends = [rb.step_columns(self.tokenizer, c, e, p) if e else []
