@@ -648,7 +648,7 @@ def validate_rl(cfg) -> None:
                           ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)]:
         if getattr(a, key) not in registry.names():
             raise ConfigError(f"algo.{key}={getattr(a, key)!r} is not valid; choose one of: {', '.join(registry.names())}")
-    if a.samples_per_prompt < 2 and a.advantage in ("grpo", "dr_grpo", "grpo_process", "rloo", "reinforce_pp_baseline"):
+    if a.samples_per_prompt < 2 and ADVANTAGES.needs(a.advantage, "groups"):
         raise ConfigError(f"algo.samples_per_prompt={a.samples_per_prompt}: group-relative advantages need "
                           "groups of at least 2 completions")
     trains_critic = algo_spec(a.name).critic

@@ -4,8 +4,9 @@ Registry signature (ADVANTAGES):
 
     fn(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput(adv [B, T], returns [B, T] | None)
 
-An entry that needs more than scores says so when registered: needs=("critic",) (values from a
-critic the stage trains) or needs=("step_scores",) (a PRM's per-step scores).
+An entry that needs more than scores says so when registered: "groups" (at least 2 completions
+per prompt), "critic" (values from a critic the stage trains), "step_scores" (a PRM's per-step
+scores).
 
 `adv` is per token and 0 on masked positions; `returns` is set by estimators
 that have them (gae: critic targets; reinforce_pp*: returns-to-go), else None.
@@ -180,21 +181,21 @@ def _token_rewards(batch: AdvantageInputs, cfg: AdvantageConfig, scores: Tensor,
 # ------------------------------------------------------------------ estimators
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", needs=("groups",))
 def grpo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """GRPO outcome supervision (§4.1.2); cfg.scale_by_std=False gives Dr. GRPO."""
     a = group_normalize(batch.scores, batch.group_size, cfg.eps_adv, cfg.std_unbiased, cfg.scale_by_std)
     return AdvantageOutput(_broadcast(a, batch.mask), None)
 
 
-@ADVANTAGES.register("dr_grpo")
+@ADVANTAGES.register("dr_grpo", needs=("groups",))
 def dr_grpo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """Dr. GRPO (§6): r_i - mean(r), no std scaling whatever cfg.scale_by_std says."""
     a = group_normalize(batch.scores, batch.group_size, scale=False)
     return AdvantageOutput(_broadcast(a, batch.mask), None)
 
 
-@ADVANTAGES.register("grpo_process", needs=("step_scores",))
+@ADVANTAGES.register("grpo_process", needs=("groups", "step_scores"))
 def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """GRPO process supervision (§4.1.3).
 
@@ -232,7 +233,7 @@ def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutpu
     return AdvantageOutput(zero_masked(adv, batch.mask), None)
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", needs=("groups",))
 def rloo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """RLOO (§8): R_i = score_i - beta * sum_t k_t;  A_i = R_i - mean_{j != i} R_j."""
     R = batch.scores.to(_float_dtype(batch.scores))
@@ -264,7 +265,7 @@ def reinforce_pp(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutpu
     return _reinforce_pp(batch, cfg, batch.scores, "reinforce_pp")
 
 
-@ADVANTAGES.register("reinforce_pp_baseline")
+@ADVANTAGES.register("reinforce_pp_baseline", needs=("groups",))
 def reinforce_pp_baseline(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """REINFORCE++-baseline (§8): the group-mean score is subtracted first."""
     centred = group_normalize(batch.scores, batch.group_size, scale=False)
