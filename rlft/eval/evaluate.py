@@ -180,13 +180,17 @@ def eval_one(cfg, model_ref: str) -> dict:
           f"{e.temperature}" + (f" + {e.policy_samples} at temperature 1" if e.policy_samples else "")
           + (f"; KL to {reference}" if reference else "") + (f"; RM {rm}" if rm else ""), flush=True)
     engine, why = build_engine(cfg, Frozen(model), tokenizer, device, seed=e.seed)
-    engine.sync_weights(0)  # started outside the timing below
-    print(f"[rlft] rollout engine: {why}", flush=True)
-    metrics, greedy, grouped = evaluate_model(engine, tokenizer, cfg, problems)
-    if e.policy_samples:
-        prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
-        torch.manual_seed(e.seed + 1)
-        metrics.update(policy_sample_metrics(engine, model, tokenizer, cfg, problems, prompts, device, reference, rm))
+    try:
+        engine.sync_weights(0)  # started outside the timing below
+        print(f"[rlft] rollout engine: {why}", flush=True)
+        metrics, greedy, grouped = evaluate_model(engine, tokenizer, cfg, problems)
+        if e.policy_samples:
+            prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
+            torch.manual_seed(e.seed + 1)
+            metrics.update(policy_sample_metrics(engine, model, tokenizer, cfg, problems, prompts, device, reference,
+                                                 rm))
+    finally:  # the next checkpoint of eval.models starts its own engine in this process
+        engine.close()
     out_dir = output_dir(cfg, model_ref)
     record = {"model": model_ref, "resolved_path": path, "data": cfg.data.source, "metrics": metrics,
               "reference": reference, "rm": rm,

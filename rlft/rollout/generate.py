@@ -72,6 +72,9 @@ class RolloutEngine(Protocol):
 
     def describe(self) -> str: ...
 
+    def close(self) -> None:
+        """Release the engine for good (a later engine in the same process may then start)."""
+
 
 def cut_at_eos(tokens: list[int], eos_id: int, pad_id: int) -> tuple[list[int], bool]:
     """(tokens up to and including the first EOS, truncated?)"""
@@ -187,6 +190,9 @@ class HFEngine:
         pass
 
     def wake(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     @torch.no_grad()

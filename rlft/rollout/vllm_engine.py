@@ -148,12 +148,13 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         eos = self.tokenizer.eos_token_id
-        greedy = not sampling.do_sample
+        greedy = not sampling.do_sample  # vLLM samples a greedy request once (n = 1): see generate
         allowed = None
         if sampling.suppress_tokens:
             banned = set(sampling.suppress_tokens)
             allowed = [t for t in range(self.source.module.config.vocab_size) if t not in banned]
-        return SamplingParams(allowed_token_ids=allowed, n=n, max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else sampling.temperature,
+        return SamplingParams(allowed_token_ids=allowed, n=1 if greedy else n, max_tokens=sampling.max_new_tokens,
+                              temperature=0.0 if greedy else sampling.temperature,
                               top_p=1.0 if greedy else sampling.top_p, top_k=0 if greedy else sampling.top_k,
                               seed=seed, logprobs=0, stop_token_ids=[eos], detokenize=False,
                               skip_special_tokens=False, repetition_penalty=1.0, presence_penalty=0.0,
@@ -173,8 +174,9 @@ class VLLMEngine:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in mine], params, use_tqdm=False)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         rows, results = [], []
+        copies = 1 if sampling.do_sample else n  # greedy: one completion, repeated n times
         for i, out in enumerate(outs):
-            for c in out.outputs:
+            for c in out.outputs * copies:
                 tokens, truncated = cut_at_eos(list(c.token_ids), eos, pad)
                 if c.finish_reason == "stop" and truncated:  # stopped on EOS without returning it
                     tokens, truncated = tokens + [eos], False

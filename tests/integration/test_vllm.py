@@ -81,6 +81,8 @@ def test_vllm_and_hf_agree_greedy_and_the_engines_log_probs_are_the_trainers(set
     greedy_h = hf.generate(prompts, 1, Sampling(24, False))
     assert greedy_v.completion_ids == greedy_h.completion_ids
     assert greedy_v.truncated == greedy_h.truncated
+    twice = engine.generate(prompts, 2, Sampling(24, False), seed=0)  # greedy n > 1: the same completion n times
+    assert twice.completion_ids == [c for c in greedy_v.completion_ids for _ in range(2)]
     for temperature in (1.0, 0.7):
         gens = engine.generate(prompts, 4, Sampling(24, True, temperature), seed=3)
         assert gens.prompt_index == [i for i in range(4) for _ in range(4)]
@@ -219,7 +221,8 @@ def test_grpo_with_vllm_on_two_ranks(sft, tmp_path, zero, tp):
 @pytest.mark.slow
 def test_offline_rft_and_eval_sample_through_vllm(sft, tmp_path):
     """The stages that sample from a frozen model: offline RFT (whose engine outlives its sampling
-    while the fine-tuning runs) and `rlft eval`."""
+    while the fine-tuning runs) and `rlft eval` of two checkpoints (an engine each, one after the
+    other in one process)."""
     work = copy_parents(sft, tmp_path)
     proc = cli(work, "train", "algo=rft", f"run.name={RUN}", "rollout.engine=vllm", "algo.num_prompts=8",
                "algo.samples_per_prompt=2", "rollout.max_new_tokens=16", "train.max_steps=2", "train.batch_size=4",
@@ -228,7 +231,7 @@ def test_offline_rft_and_eval_sample_through_vllm(sft, tmp_path):
     assert "rollout engine: vllm (colocated, CPU" in proc.stdout
     assert (stage_dir(work, RUN, "rft") / "final" / "config.json").is_file()
     proc = cli(work, "eval", f"run.name={RUN}", "rollout.engine=vllm", "eval.num_problems=6", "eval.samples=2",
-               "eval.k=[1,2]", "eval.policy_samples=2", "eval.max_new_tokens=16")
+               "eval.k=[1,2]", "eval.policy_samples=2", "eval.max_new_tokens=16", "eval.models=[stage:sft,stage:rft]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
