@@ -128,19 +128,20 @@ def _check(args: list[str]) -> None:
 
 def cmd_list(args: list[str]) -> None:
     from rlft.config import ALGO_SCHEMAS, describe_keys
-    from rlft.overrides import GROUP_KEYS, group_options, option_description
+    from rlft.overrides import GROUP_KEYS, algo_kind, group_options, option_description
 
     what = args[0] if args else "groups"
     if what == "keys":
         prefix = args[1] if len(args) > 1 else None
-        algo = args[2] if len(args) > 2 else (prefix.split(".")[1] if prefix and prefix.startswith("algo.") else "sft")
-        rows = describe_keys(prefix, algo if algo in ALGO_SCHEMAS else "sft")
-        if prefix == "algo":
+        preset = args[2] if len(args) > 2 else None
+        if prefix and prefix.startswith("algo.") and algo_kind(prefix.split(".")[1]):  # algo.<preset>
+            prefix, preset = "algo", prefix.split(".")[1]
+        kind = algo_kind(preset) if preset else "sft"
+        rows = describe_keys(prefix, kind or "sft")
+        if prefix and (prefix == "algo" or prefix.startswith("algo.")) and not preset:
             rows = []
-            for name in sorted(ALGO_SCHEMAS):
-                rows += [(k.replace("algo.", f"algo({name}).", 1), d, doc) for k, d, doc in describe_keys("algo", name)]
-        elif prefix and prefix.startswith("algo.") and algo in ALGO_SCHEMAS:
-            rows = describe_keys("algo", algo)
+            for name in ALGO_SCHEMAS:
+                rows += [(k.replace("algo.", f"algo({name}).", 1), d, doc) for k, d, doc in describe_keys(prefix, name)]
         if not rows:
             fail(f"no config keys under '{prefix}'; try `rlft list keys`")
         width = max(len(r[0]) for r in rows)

@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Optional
 
 from rlft.data.synthetic import TaskSpec
@@ -21,6 +22,32 @@ from rlft.data.synthetic import TaskSpec
 
 class ConfigError(ValueError):
     """A configuration problem, reported as one line naming the fix."""
+
+
+# ----------------------------------------------------------------------------- fixed choices
+class Choice(str, Enum):
+    """A fixed set of string values that OmegaConf checks itself: a wrong value is refused with the
+    key and the valid values. (Choices that grow by registration, e.g. algo.advantage, are checked
+    against their registry in `validate`.)"""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def choices(name: str, values: str) -> type:
+    return Choice(name, [(v, v) for v in values.split()])
+
+
+LRSchedule = choices("LRSchedule", "cosine linear constant")
+Precision = choices("Precision", "fp32 bf16")
+Backend = choices("Backend", "auto gloo nccl")
+Device = choices("Device", "auto cpu cuda")
+HFCache = choices("HFCache", "static dynamic")
+ISLevel = choices("ISLevel", "token sequence")
+TruncationPolicy = choices("TruncationPolicy", "keep zero_reward mask penalty")
+WandbMode = choices("WandbMode", "auto online offline disabled")
+KLIn = choices("KLIn", "loss reward")
+KLAt = choices("KLAt", "old current")
 
 
 # ----------------------------------------------------------------------------- sections
@@ -47,12 +74,12 @@ class TrainConfig:
     """Sequences per forward/backward on one rank; accumulation = batch_size / (micro x ranks)."""
     lr: float = 1e-3
     """Peak learning rate."""
-    lr_schedule: str = "cosine"
+    lr_schedule: LRSchedule = LRSchedule.cosine
     """Learning-rate schedule after warm-up: cosine | linear | constant."""
     warmup_steps: int = 10
-    """Optimizer steps of linear warm-up from 0 to `lr`."""
+    """Optimizer steps of linear warm-up from min_lr_ratio x lr to lr (transformers' warmup-stable-decay)."""
     min_lr_ratio: float = 0.1
-    """Final learning rate as a fraction of `lr` (cosine and linear schedules)."""
+    """Final learning rate of the cosine and linear decays, and the warm-up's first, as a fraction of `lr`."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_beta1: float = 0.9
@@ -75,7 +102,7 @@ class TrainConfig:
 class EngineConfig:
     zero_stage: int = 0
     """DeepSpeed ZeRO stage 0-3 (3 shards parameters, 2 gradients, 1 optimizer state)."""
-    precision: str = "fp32"
+    precision: Precision = Precision.fp32
     """fp32 | bf16 (bf16 keeps fp32 master weights in DeepSpeed)."""
     nproc_per_node: int = 1
     """Ranks (processes) per machine; 1 trains in the driver process itself."""
@@ -87,9 +114,9 @@ class EngineConfig:
     """Rendezvous address (node 0's address) for multi-rank runs."""
     master_port: int = 0
     """Rendezvous port; 0 picks a free port (single node only)."""
-    backend: str = "auto"
+    backend: Backend = Backend.auto
     """Collective backend: auto (nccl on GPU, gloo on CPU) | gloo | nccl."""
-    device: str = "auto"
+    device: Device = Device.auto
     """auto (cuda when available, else cpu) | cpu | cuda."""
     threads_per_rank: int = 0
     """torch CPU threads per rank; 0 divides the machine's cores among the local ranks."""
@@ -123,6 +150,15 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
+    prompts_per_step: int = 16
+    """RL: prompts per rollout, all ranks together."""
+    samples_per_prompt: int = 8
+    """Completions per prompt (RL: the group size G, at least 2 for group-relative advantages; offline RFT:
+    samples per training prompt)."""
+    dynamic_sampling: bool = False
+    """RL (DAPO): replace groups whose rewards are all equal with fresh prompts."""
+    max_sampling_rounds: int = 3
+    """Dynamic sampling: most generation rounds per rollout."""
     engine: str = "auto"
     """Sampling engine: hf (transformers generate) | vllm (colocated vLLM) | auto (vllm on a GPU where it
     is installed, else hf)."""
@@ -136,7 +172,7 @@ class RolloutConfig:
     """Top-k sampling (0: off)."""
     batch_size: int = 128
     """hf: sequences generated together on one rank (vllm schedules its own batches)."""
-    hf_cache: str = "static"
+    hf_cache: HFCache = HFCache.static
     """hf: KV cache, static (preallocated; its decoding step is compiled on a GPU) | dynamic."""
     hf_compile: bool = True
     """hf on a GPU: compile the static-cache decoding step (torch.compile + CUDA graphs)."""
@@ -149,7 +185,7 @@ class RolloutConfig:
     is_correction: str = "auto"
     """Importance-sampling correction of the engine/trainer mismatch in the RL loss: tis (truncated
     weights pi_old/pi_engine) | mis (weights past the cap masked) | none | auto (tis with vllm, none with hf)."""
-    is_level: str = "token"
+    is_level: ISLevel = ISLevel.token
     """Importance weights per token or per sequence (product of the token ratios)."""
     is_cap: float = 2.0
     """C: tis truncates the weights at C; mis drops tokens (sequences) whose weight exceeds C from the loss."""
@@ -229,7 +265,7 @@ class RewardConfig:
     """Reward sources: correctness, format (rules), rm, prm (this run's reward models), or `package.module:function`."""
     weights: list = field(default_factory=list)
     """Weight of each source, in order (empty: 1.0 each); the reward is the weighted sum."""
-    truncation_policy: str = "keep"
+    truncation_policy: TruncationPolicy = TruncationPolicy.keep
     """Completions that hit max_new_tokens: keep | zero_reward | mask | penalty."""
     truncation_penalty: float = 1.0
     """Amount subtracted with truncation_policy=penalty."""
@@ -241,7 +277,7 @@ class RewardConfig:
 
 @dataclass
 class LoggerConfig:
-    wandb: str = "auto"
+    wandb: WandbMode = WandbMode.auto
     """wandb mode: auto (online with WANDB_API_KEY, else offline) | online | offline | disabled."""
     project: str = "rlft"
     """wandb project."""
@@ -287,7 +323,9 @@ class EvalConfig:
 @dataclass
 class AlgoConfig:
     name: str = "???"
-    """Algorithm name (the `algo=` choice)."""
+    """The preset's name (the `algo=` choice): the stage's directory under the run and its `stage:` name."""
+    kind: str = "???"
+    """The training loop (sft | rm | prm | dpo | rft | rl), fixed by the preset's schema."""
     init_from: str = "builtin:tiny"
     """Default `model.path` for this algorithm when model.path=auto."""
 
@@ -295,12 +333,14 @@ class AlgoConfig:
 @dataclass
 class SFTConfig(AlgoConfig):
     name: str = "sft"
+    kind: str = "sft"
     init_from: str = "builtin:tiny"
 
 
 @dataclass
 class RMConfig(AlgoConfig):
     name: str = "rm"
+    kind: str = "rm"
     init_from: str = "stage:sft"
     num_eval_pairs: int = 200
     """Held-out preference pairs for pairwise accuracy."""
@@ -311,6 +351,7 @@ class RMConfig(AlgoConfig):
 @dataclass
 class PRMConfig(AlgoConfig):
     name: str = "prm"
+    kind: str = "prm"
     init_from: str = "stage:sft"
     num_eval_rows: int = 200
     """Held-out step-labelled solutions for step accuracy."""
@@ -322,35 +363,47 @@ class PRMConfig(AlgoConfig):
 
 @dataclass
 class RLConfig(AlgoConfig):
-    """Shared by every online RL algorithm: rollout, update schedule, loss pieces by name."""
+    """Online RL (GRPO, PPO, P3O, online RFT/DPO, RLOO, ...): the loss pieces by name, KL, clipping and
+    the update schedule. Sampling is under `rollout`, the value model under `critic`, pair losses
+    under `pairwise`, reward-model retraining under `iterative`."""
     name: str = "grpo"
+    kind: str = "rl"
     init_from: str = "stage:sft"
-    prompts_per_step: int = 16
-    """Prompts per rollout, all ranks together."""
-    samples_per_prompt: int = 8
-    """Completions per prompt (the group size G); at least 2 for group-relative advantages."""
     advantage: str = "grpo"
-    """Advantage estimator: grpo | dr_grpo | grpo_process | rloo | reinforce_pp | reinforce_pp_baseline | rft | gae."""
+    """Advantage estimator (`rlft list keys` shows the registered names): grpo | dr_grpo | grpo_process | rloo |
+    reinforce_pp | reinforce_pp_baseline | rft | gae (gae trains a critic, see `critic.*`)."""
     policy_loss: str = "ppo_clip"
-    """Per-token policy loss: ppo_clip | reinforce."""
+    """Per-token policy loss: ppo_clip | gspo | reinforce."""
+    pairwise_loss: Optional[str] = None
+    """null: per-token update with algo.policy_loss. A name: pairwise update on disjoint pairs of completions
+    of one prompt with that loss: p3o_joint | p3o_separate | p3o_separate_tokenwise | dpo (see `pairwise.*`)."""
     loss_agg: str = "seq-mean-token-mean"
     """Loss aggregation: seq-mean-token-mean | token-mean | seq-mean-token-sum | constant-norm."""
     clip_eps_low: float = 0.2
-    """PPO clip range below 1."""
+    """Clip range below 1 (PPO ratio; P3O's pair log-ratio)."""
     clip_eps_high: float = 0.2
     """PPO clip range above 1 (DAPO clip-higher: 0.28)."""
     dual_clip_c: Optional[float] = None
     """Dual-clip constant for negative advantages (null: off)."""
     kl_coef: float = 0.04
-    """beta of the KL to the reference inside the loss (0 loads no reference model)."""
+    """beta of the KL to the reference (0 loads no reference unless the pairwise loss needs one): per token in
+    the loss (kl_in=loss), in the token rewards (kl_in=reward), or in P3O's pair reward difference."""
     kl_estimator: str = "k3"
-    """KL estimator in the loss: k1 | k2 | k3 (GRPO: k3)."""
+    """KL estimator: k1 | k2 | k3 (GRPO: k3)."""
+    kl_in: KLIn = KLIn.loss
+    """Where the per-token KL goes: loss (GRPO) | reward (PPO, folded into the token rewards)."""
+    adaptive_kl: bool = False
+    """Adapt kl_coef towards kl_target (Ziegler et al. 2019)."""
+    kl_target: float = 6.0
+    """Adaptive KL: target sequence KL."""
+    kl_horizon: int = 10000
+    """Adaptive KL: horizon in samples."""
     scale_by_std: bool = True
-    """Divide group-centred rewards by the group std (False: Dr. GRPO)."""
+    """Group advantages: divide group-centred rewards by the group std (False: Dr. GRPO)."""
     std_unbiased: bool = True
-    """Unbiased (n-1) std for group normalisation."""
+    """Group advantages: unbiased (n-1) std."""
     eps_adv: float = 1.0e-4
-    """Added to the group std."""
+    """Group advantages: added to the group std."""
     rft_threshold: float = 0.5
     """rft advantage: a completion counts as correct when its reward exceeds this."""
     updates_per_rollout: int = 1
@@ -360,55 +413,6 @@ class RLConfig(AlgoConfig):
     shuffle_minibatches: bool = False
     """Reshuffle this rank's prompts (whole groups) before each pass, so the minibatches differ from
     pass to pass (PPO's default; off keeps each minibatch's prompts independent of the rank count)."""
-    dynamic_sampling: bool = False
-    """DAPO: replace groups whose rewards are all equal with fresh prompts."""
-    max_sampling_rounds: int = 3
-    """Dynamic sampling: most generation rounds per rollout."""
-    iterations: int = 1
-    """Iterative RL: after each iteration retrain the RM/PRM on policy samples and reset the reference."""
-    rm_replay_ratio: float = 0.1
-    """Iterative RL: share of the reward model's earlier training data replayed."""
-    rm_steps_per_iteration: int = 40
-    """Iterative RL: reward-model optimizer steps after each iteration."""
-    rm_lr: float = 2.0e-4
-    """Iterative RL: reward-model learning rate."""
-    prm_label_completions: int = 4
-    """Iterative RL with a PRM: continuations sampled per step prefix for Math-Shepherd labels."""
-    prm_label_budget: int = 64
-    """Iterative RL with a PRM: incorrect completions labelled step by step per iteration and rank."""
-    kl_in: str = "loss"
-    """Where the KL to the reference goes: loss (GRPO, per token in the loss) | reward (PPO, folded into token rewards)."""
-    adaptive_kl: bool = False
-    """PPO: adapt kl_coef towards kl_target (Ziegler et al. 2019)."""
-    kl_target: float = 6.0
-    """Adaptive KL: target sequence KL."""
-    kl_horizon: int = 10000
-    """Adaptive KL: horizon in samples."""
-    critic_init: str = "stage:rm"
-    """PPO critic: the model its value head starts from (stage:rm, stage:sft, a directory)."""
-    critic_lr: float = 1.0e-4
-    """PPO critic learning rate."""
-    value_clip: float = 0.2
-    """PPO value clipping range around the rollout values."""
-    gamma: float = 1.0
-    """PPO GAE discount."""
-    lam: float = 0.95
-    """PPO GAE lambda."""
-    whiten_advantages: bool = True
-    """PPO: whiten GAE advantages over the whole rollout (every rank's share)."""
-    pairwise: bool = False
-    """Pairwise update on disjoint pairs of completions of one prompt (P3O, online DPO)."""
-    pairwise_loss: str = "p3o"
-    """Pairwise loss: p3o (clipped pairwise policy gradient) | dpo (online DPO: the higher-reward completion
-    is chosen, ties dropped; kl_coef is DPO's beta)."""
-    dpo_length_normalize: bool = False
-    """Online DPO: length-normalised log-ratios (DeepSeekMath Eq. 12)."""
-    p3o_clip_mode: str = "joint"
-    """P3O clipping: joint (V2) | separate (V1) | separate_tokenwise."""
-    p3o_c: float = 10.0
-    """P3O: importance weights clipped to [1/c, c]."""
-    p3o_kl_at: str = "old"
-    """P3O: sequence KL in the reward difference from the rollout policy (old) or the current one (current)."""
     eval_every: int = 0
     """Held-out greedy accuracy every this many optimizer steps (0: only at the end)."""
     eval_problems: int = 200
@@ -416,12 +420,60 @@ class RLConfig(AlgoConfig):
 
 
 @dataclass
+class CriticConfig:
+    """The value model of an advantage that needs one (gae: PPO) and its GAE."""
+    init: str = "stage:rm"
+    """The model the value head starts from (stage:rm, stage:sft, a directory)."""
+    lr: float = 1.0e-4
+    """Critic learning rate."""
+    value_clip: float = 0.2
+    """Value clipping range around the rollout values."""
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 0.95
+    """GAE lambda."""
+    whiten_advantages: bool = True
+    """Whiten GAE advantages over the whole rollout (every rank's share)."""
+
+
+@dataclass
+class PairwiseConfig:
+    """Options of the pairwise losses (algo.pairwise_loss); each applies to the losses named."""
+    c: float = 10.0
+    """P3O: importance weights clipped to [1/c, c]."""
+    kl_at: KLAt = KLAt.old
+    """P3O: sequence KL in the reward difference from the rollout policy (old) or the current one (current)."""
+    avg_tokenwise: bool = False
+    """P3O joint/separate: divide by the tokens of both responses instead of the pairs (the authors' option)."""
+    beta: float = 0.1
+    """Online DPO: DPO's beta (the strength of the implicit KL to the reference)."""
+    length_normalize: bool = False
+    """Online DPO: length-normalised log-ratios (DeepSeekMath Eq. 12)."""
+
+
+@dataclass
+class IterativeConfig:
+    """Iterative RL (DeepSeekMath §4.1.4): after each iteration the reward models retrain on policy samples."""
+    iterations: int = 1
+    """Iterations; after each but the last, the RM/PRM retrain on policy samples and the reference resets."""
+    replay_ratio: float = 0.1
+    """Share of the reward model's earlier training data in its retraining mix."""
+    rm_steps: int = 40
+    """Reward-model optimizer steps after each iteration."""
+    rm_lr: float = 2.0e-4
+    """Reward-model learning rate."""
+    label_completions: int = 4
+    """PRM: continuations sampled per step prefix for the Math-Shepherd step labels."""
+    label_budget: int = 64
+    """PRM: incorrect completions labelled step by step per iteration and rank."""
+
+
+@dataclass
 class RFTConfig(AlgoConfig):
     """Offline rejection-sampling fine-tuning: sample once from the SFT model, keep correct, fine-tune."""
     name: str = "rft"
+    kind: str = "rft"
     init_from: str = "stage:sft"
-    samples_per_prompt: int = 8
-    """Completions sampled per training prompt."""
     num_prompts: int = 1000
     """Training prompts sampled from (0: all)."""
     rft_threshold: float = 0.5
@@ -432,6 +484,7 @@ class RFTConfig(AlgoConfig):
 class DPOConfig(AlgoConfig):
     """Offline DPO on preference pairs against the frozen starting model."""
     name: str = "dpo"
+    kind: str = "dpo"
     init_from: str = "stage:sft"
     beta: float = 0.1
     """Strength of the implicit KL constraint (DPO's beta)."""
@@ -446,8 +499,9 @@ class DPOConfig(AlgoConfig):
 # ----------------------------------------------------------------------------- the algorithm table
 @dataclass(frozen=True)
 class AlgoSpec:
-    """What one `algo=` name is. Everything that depends on the algorithm asks this table (and the
-    registries of rlft.algos for the functions the preset names); nothing compares names."""
+    """One training loop. A preset (`conf/algo/<name>.yaml`) picks a loop through its schema
+    (`algo.kind`) and names registered functions (advantage, losses); everything that depends on the
+    algorithm asks this table or those registries, never the preset's name."""
     schema: type
     """Its config schema (the `algo` section)."""
     stage: str
@@ -456,8 +510,6 @@ class AlgoSpec:
     """The online RL loop: rollouts from the policy, batch derived from prompts x samples."""
     samples: bool = False
     """Samples completions and scores them with `reward.functions`."""
-    critic: bool = False
-    """Trains a value model (from `algo.critic_init`) for an advantage that needs one."""
 
 
 ALGOS: dict[str, AlgoSpec] = {
@@ -466,30 +518,43 @@ ALGOS: dict[str, AlgoSpec] = {
     "prm": AlgoSpec(PRMConfig, "reward:run_prm"),
     "dpo": AlgoSpec(DPOConfig, "dpo:run"),
     "rft": AlgoSpec(RFTConfig, "rft:run", samples=True),
-    "grpo": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
-    "online_rft": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
-    "p3o": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
-    "online_dpo": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
-    "ppo": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True, critic=True),
+    "rl": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
 }
-ALGO_SCHEMAS: dict[str, type] = {name: spec.schema for name, spec in ALGOS.items()}
+ALGO_SCHEMAS: dict[str, type] = {kind: spec.schema for kind, spec in ALGOS.items()}
 
 
-def algo_spec(name: str) -> AlgoSpec:
-    """The table's entry for `name`; a one-line ConfigError listing the valid names otherwise."""
-    if name not in ALGOS:
-        raise ConfigError(f"unknown algorithm '{name}'; valid: {', '.join(sorted(ALGOS))}")
-    return ALGOS[name]
+def algo_spec(algo) -> AlgoSpec:
+    """The table's entry for an `algo` section (its `kind`); a one-line ConfigError otherwise."""
+    kind = algo.kind
+    if kind not in ALGOS:
+        raise ConfigError(f"algo.kind={kind!r} is not a training loop; valid: {', '.join(ALGOS)} "
+                          "(set by the preset's schema: `defaults: [/algo_schema/<kind>@algo]`)")
+    return ALGOS[kind]
+
+
+def trains_critic(cfg) -> bool:
+    """Whether this run trains a value model: an RL run whose advantage estimator needs one."""
+    from rlft.algos import ADVANTAGES
+
+    return algo_spec(cfg.algo).rl and cfg.algo.pairwise_loss is None and ADVANTAGES.needs(cfg.algo.advantage, "critic")
+
+
+def needs_reference(cfg) -> bool:
+    """An RL run loads the reference model when a KL term reads it or the pairwise loss does."""
+    from rlft.algos import PAIRWISE_LOSSES
+
+    a = cfg.algo
+    return a.kl_coef > 0 or (a.pairwise_loss is not None and PAIRWISE_LOSSES.needs(a.pairwise_loss, "reference"))
 
 
 def derive(cfg) -> None:
     """Fill values that follow from others: an RL optimizer step's batch is its rollout share."""
-    if algo_spec(cfg.algo.name).rl:
-        a = cfg.algo
-        rollout = a.prompts_per_step * a.samples_per_prompt
+    if algo_spec(cfg.algo).rl:
+        a, r = cfg.algo, cfg.rollout
+        rollout = r.prompts_per_step * r.samples_per_prompt
         if rollout % a.minibatches_per_rollout:
-            raise ConfigError(f"algo.prompts_per_step x algo.samples_per_prompt = {rollout} is not divisible by "
-                              f"algo.minibatches_per_rollout={a.minibatches_per_rollout}")
+            raise ConfigError(f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout} is not divisible "
+                              f"by algo.minibatches_per_rollout={a.minibatches_per_rollout}")
         cfg.train.batch_size = rollout // a.minibatches_per_rollout
 
 
@@ -505,6 +570,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    pairwise: PairwiseConfig = field(default_factory=PairwiseConfig)
+    iterative: IterativeConfig = field(default_factory=IterativeConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -567,7 +635,8 @@ def describe_keys(section: Optional[str] = None, algo_name: str = "sft") -> list
             if dataclasses.is_dataclass(value):
                 walk(f"{prefix}.{sub.name}", type(value))
             else:
-                rows.append((f"{prefix}.{sub.name}", repr(value), docs.get(sub.name, "")))
+                shown = repr(value.value) if isinstance(value, Enum) else repr(value)
+                rows.append((f"{prefix}.{sub.name}", shown, docs.get(sub.name, "")))
 
     for f in dataclasses.fields(Config):
         schema = schema_for(f.name, algo_name)
@@ -588,23 +657,20 @@ def _check_choice(key: str, value: Any, choices: list) -> None:
 
 
 def validate(cfg) -> None:
-    """Check values that types alone cannot; raise ConfigError with a one-line fix."""
+    """Check values that types alone cannot; raise ConfigError with a one-line fix. (Fixed string
+    choices are `Choice` enums, which OmegaConf checks when the config is composed.)"""
     derive(cfg)
     t, e = cfg.train, cfg.engine
-    if algo_spec(cfg.algo.name).rl:
+    if algo_spec(cfg.algo).rl:
         validate_rl(cfg)
+    check_unused_options(cfg)
     _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
-    _check_choice("engine.precision", e.precision, ["fp32", "bf16"])
     validate_rollout(cfg.rollout)
-    _check_choice("engine.backend", e.backend, ["auto", "gloo", "nccl"])
-    _check_choice("engine.device", e.device, ["auto", "cpu", "cuda"])
-    _check_choice("train.lr_schedule", t.lr_schedule, ["cosine", "linear", "constant"])
-    _check_choice("reward.truncation_policy", cfg.reward.truncation_policy, ["keep", "zero_reward", "mask", "penalty"])
-    _check_choice("logger.wandb", cfg.logger.wandb, ["auto", "online", "offline", "disabled"])
     for key, value in [("train.max_steps", t.max_steps), ("train.batch_size", t.batch_size),
                        ("train.micro_batch_per_device", t.micro_batch_per_device),
                        ("engine.nproc_per_node", e.nproc_per_node), ("engine.nnodes", e.nnodes),
-                       ("train.max_seq_len", t.max_seq_len)]:
+                       ("train.max_seq_len", t.max_seq_len), ("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt),
+                       ("rollout.prompts_per_step", cfg.rollout.prompts_per_step)]:
         if value < 1:
             raise ConfigError(f"{key}={value} must be at least 1")
     if not 0 <= e.node_rank < e.nnodes:
@@ -627,9 +693,7 @@ def validate_rollout(r) -> None:
     from rlft.rollout.generate import ENGINES
 
     _check_choice("rollout.engine", r.engine, list(ENGINES))
-    _check_choice("rollout.hf_cache", r.hf_cache, ["static", "dynamic"])
     _check_choice("rollout.is_correction", r.is_correction, ["auto"] + IS_CORRECTIONS.names())
-    _check_choice("rollout.is_level", r.is_level, ["token", "sequence"])
     if r.is_cap <= 1.0:
         raise ConfigError(f"rollout.is_cap={r.is_cap} must be above 1 (weights are capped or masked past it)")
     _check_choice("rollout.vllm.sleep_level", r.vllm.sleep_level, [1, 2])
@@ -640,48 +704,83 @@ def validate_rollout(r) -> None:
         raise ConfigError("rollout.max_new_tokens must be >= 0 and rollout.batch_size >= 1")
 
 
-def validate_rl(cfg) -> None:
-    from rlft.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+# algo.* options that a pairwise update does not read (it reads the pairwise loss instead)
+NOT_READ_BY_PAIRWISE = ("advantage", "policy_loss", "loss_agg", "clip_eps_high", "dual_clip_c", "kl_estimator",
+                        "kl_in", "scale_by_std", "std_unbiased", "eps_adv", "rft_threshold")
 
-    a, world = cfg.algo, cfg.engine.nproc_per_node * cfg.engine.nnodes
+
+def _set_options(section, schema: type, names=None) -> list[str]:
+    """`key=value` of the options of `section` that differ from the schema's defaults."""
+    default = schema()
+    return [f"{f.name}={getattr(section, f.name)}" for f in dataclasses.fields(schema)
+            if (names is None or f.name in names) and getattr(section, f.name) != getattr(default, f.name)]
+
+
+def check_unused_options(cfg) -> None:
+    """A preset or override that sets an option this run never reads is refused (it would silently do
+    nothing): the critic without an advantage that needs one, pair-loss options of another pair loss,
+    iterative options with one iteration, algo options a pairwise update ignores."""
+    from rlft.algos import PAIRWISE_LOSSES
+
+    rl = algo_spec(cfg.algo).rl
+    why = f"algo={cfg.algo.name}"
+    unused: list[tuple[str, list[str], str]] = []
+    if not trains_critic(cfg):
+        unused.append(("critic", _set_options(cfg.critic, CriticConfig),
+                       f"{why} trains no critic (only an algo.advantage that needs one does)"))
+    loss = cfg.algo.pairwise_loss if rl else None
+    options = PAIRWISE_LOSSES.meta(loss).get("options", ()) if loss else ()
+    unused.append(("pairwise", _set_options(cfg.pairwise, PairwiseConfig,
+                                            [f.name for f in dataclasses.fields(PairwiseConfig) if f.name not in options]),
+                   f"{why} with algo.pairwise_loss={loss} does not read it"))
+    if not rl or cfg.iterative.iterations == 1:
+        unused.append(("iterative", _set_options(cfg.iterative, IterativeConfig, ["replay_ratio", "rm_steps", "rm_lr",
+                                                                                 "label_completions", "label_budget"]),
+                       "it applies only with iterative.iterations > 1 in an RL run"))
+    if loss:
+        unused.append(("algo", _set_options(cfg.algo, RLConfig, NOT_READ_BY_PAIRWISE),
+                       f"a pairwise update (algo.pairwise_loss={loss}) does not read it"))
+        if not PAIRWISE_LOSSES.needs(loss, "kl_coef") and cfg.algo.kl_coef != 0:
+            unused.append(("algo", [f"kl_coef={cfg.algo.kl_coef}"],
+                           f"algo.pairwise_loss={loss} does not read it (its KL strength is pairwise.beta); set 0"))
+    for section, keys, reason in unused:
+        if keys:
+            raise ConfigError(f"{section}.{keys[0]} is set but never used: {reason}; remove it")
+
+
+def validate_rl(cfg) -> None:
+    from rlft.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES
+
+    a, r, world = cfg.algo, cfg.rollout, cfg.engine.nproc_per_node * cfg.engine.nnodes
+    if a.kl_coef < 0:
+        raise ConfigError(f"algo.kl_coef={a.kl_coef} must be >= 0")
     for key, registry in [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
                           ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)]:
-        if getattr(a, key) not in registry.names():
-            raise ConfigError(f"algo.{key}={getattr(a, key)!r} is not valid; choose one of: {', '.join(registry.names())}")
-    if a.samples_per_prompt < 2 and ADVANTAGES.needs(a.advantage, "groups"):
-        raise ConfigError(f"algo.samples_per_prompt={a.samples_per_prompt}: group-relative advantages need "
-                          "groups of at least 2 completions")
-    trains_critic = algo_spec(a.name).critic
-    if ADVANTAGES.needs(a.advantage, "critic") != trains_critic:
-        if trains_critic:
-            raise ConfigError(f"algo={a.name} trains a critic; set algo.advantage="
-                              f"{'|'.join(ADVANTAGES.names_needing('critic'))}, which uses it (got {a.advantage})")
-        critics = ", ".join(n for n, s in sorted(ALGOS.items()) if s.critic)
-        raise ConfigError(f"algo.advantage={a.advantage} needs a critic, which algo={a.name} does not train; "
-                          f"choose one of: {', '.join(ADVANTAGES.names_needing('critic', False))}"
-                          f" (or use algo={critics})")
-    _check_choice("algo.kl_in", a.kl_in, ["loss", "reward"])
-    if a.pairwise:
-        from rlft.algos import P3O_LOSSES
-
-        _check_choice("algo.pairwise_loss", a.pairwise_loss, ["p3o", "dpo"])
-        if a.pairwise_loss == "dpo" and a.kl_coef <= 0:
-            raise ConfigError("online DPO needs a reference: algo.kl_coef (DPO's beta) must be > 0")
-        _check_choice("algo.p3o_clip_mode", a.p3o_clip_mode, P3O_LOSSES.names())
-        _check_choice("algo.p3o_kl_at", a.p3o_kl_at, ["old", "current"])
-        if a.samples_per_prompt % 2 or cfg.train.micro_batch_per_device % 2:
-            raise ConfigError(f"P3O pairs completions of one prompt: algo.samples_per_prompt="
-                              f"{a.samples_per_prompt} and train.micro_batch_per_device="
+        _check_choice(f"algo.{key}", getattr(a, key), registry.names())
+    if a.pairwise_loss is not None:
+        _check_choice("algo.pairwise_loss", a.pairwise_loss, PAIRWISE_LOSSES.names())
+        if "beta" in PAIRWISE_LOSSES.meta(a.pairwise_loss).get("options", ()) and cfg.pairwise.beta <= 0:
+            raise ConfigError(f"pairwise.beta={cfg.pairwise.beta} must be > 0 (DPO's strength of the KL to the reference)")
+        if r.samples_per_prompt % 2 or cfg.train.micro_batch_per_device % 2:
+            raise ConfigError(f"a pairwise loss pairs completions of one prompt: rollout.samples_per_prompt="
+                              f"{r.samples_per_prompt} and train.micro_batch_per_device="
                               f"{cfg.train.micro_batch_per_device} must both be even")
+    elif a.kl_in == "reward" and a.kl_coef > 0 and not ADVANTAGES.needs(a.advantage, "kl_reward"):
+        raise ConfigError(f"algo.kl_in=reward, but algo.advantage={a.advantage} puts no KL into its rewards; set "
+                          f"algo.advantage={'|'.join(ADVANTAGES.names_needing('kl_reward'))} or algo.kl_in=loss")
+    elif r.samples_per_prompt < 2 and ADVANTAGES.needs(a.advantage, "groups"):
+        raise ConfigError(f"rollout.samples_per_prompt={r.samples_per_prompt}: group-relative advantages "
+                          f"(algo.advantage={a.advantage}) need groups of at least 2 completions")
     shards = a.minibatches_per_rollout * world
-    if a.prompts_per_step % shards:
-        raise ConfigError(f"algo.prompts_per_step={a.prompts_per_step} must be divisible by "
+    if r.prompts_per_step % shards:
+        raise ConfigError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by "
                           f"algo.minibatches_per_rollout x ranks = {a.minibatches_per_rollout} x {world}")
-    per_iteration = a.updates_per_rollout * a.minibatches_per_rollout * a.iterations
-    if a.iterations < 1 or cfg.train.max_steps % per_iteration:
+    iterations = cfg.iterative.iterations
+    per_iteration = a.updates_per_rollout * a.minibatches_per_rollout * iterations
+    if iterations < 1 or cfg.train.max_steps % per_iteration:
         raise ConfigError(
             f"train.max_steps={cfg.train.max_steps} must be a multiple of algo.updates_per_rollout x "
-            f"algo.minibatches_per_rollout x algo.iterations = {per_iteration} (optimizer steps per iteration)")
+            f"algo.minibatches_per_rollout x iterative.iterations = {per_iteration} (optimizer steps per iteration)")
 
 
 def grad_accum_steps(cfg) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlft import handoff
-from rlft.config import algo_spec, grad_accum_steps
+from rlft.config import algo_spec, grad_accum_steps, trains_critic
 
 
 class LaunchError(RuntimeError):
@@ -71,10 +71,10 @@ def preflight(cfg) -> None:
     handoff.resolve_model_path(cfg)
     from rlft.algos import ADVANTAGES
 
-    a, spec = cfg.algo, algo_spec(cfg.algo.name)
+    a, spec = cfg.algo, algo_spec(cfg.algo)
     functions = list(cfg.reward.functions) if spec.samples else []
-    if spec.critic:
-        handoff.resolve_model_path(cfg, a.critic_init)
+    if trains_critic(cfg):
+        handoff.resolve_model_path(cfg, cfg.critic.init)
     if "rm" in functions:
         handoff.resolve_model_path(cfg, cfg.reward.rm_path)
     if "prm" in functions or (spec.rl and ADVANTAGES.needs(a.advantage, "step_scores")):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+from enum import Enum
 from pathlib import Path
 
 from rlft.config import ALGO_SCHEMAS, SECTIONS, ConfigError
@@ -37,6 +38,32 @@ def option_description(group: str, option: str) -> str:
         if line.startswith("#") and text and not text.startswith("@package"):
             return text
     return ""
+
+
+def algo_kind(preset: str) -> str | None:
+    """The training loop conf/algo/<preset>.yaml picks (`/algo_schema/<kind>@algo`), if it exists."""
+    from omegaconf import OmegaConf
+
+    path = conf_dir() / "algo" / f"{preset}.yaml"
+    if not path.is_file():
+        return None
+    for entry in OmegaConf.load(path).get("defaults") or []:
+        if isinstance(entry, str) and entry.startswith("/algo_schema/") and entry.endswith("@algo"):
+            return entry[len("/algo_schema/"):-len("@algo")]
+    return None
+
+
+# Keys that moved to their own section: the error for the old name names the new one.
+MOVED = {f"algo.{old}": new for old, new in {
+    "prompts_per_step": "rollout.prompts_per_step", "samples_per_prompt": "rollout.samples_per_prompt",
+    "dynamic_sampling": "rollout.dynamic_sampling", "max_sampling_rounds": "rollout.max_sampling_rounds",
+    "critic_init": "critic.init", "critic_lr": "critic.lr", "value_clip": "critic.value_clip",
+    "gamma": "critic.gamma", "lam": "critic.lam", "whiten_advantages": "critic.whiten_advantages",
+    "p3o_clip_mode": "algo.pairwise_loss", "p3o_c": "pairwise.c", "p3o_kl_at": "pairwise.kl_at",
+    "dpo_length_normalize": "pairwise.length_normalize", "iterations": "iterative.iterations",
+    "rm_replay_ratio": "iterative.replay_ratio", "rm_steps_per_iteration": "iterative.rm_steps",
+    "rm_lr": "iterative.rm_lr", "prm_label_completions": "iterative.label_completions",
+    "prm_label_budget": "iterative.label_budget"}.items()}
 
 
 def experiment_algo(name: str) -> str | None:
@@ -73,8 +100,11 @@ def _field_names(schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(schema)]
 
 
-def _check_path(section: str, schema: type, parts: list[str], full_key: str, label: str) -> None:
-    """Walk parts through nested dataclasses; dict-typed fields accept any sub-key."""
+def _check_path(section: str, schema: type, parts: list[str], full_key: str, label: str,
+                values: list[str] = ()) -> None:
+    """Walk parts through nested dataclasses; dict-typed fields accept any sub-key. A fixed-choice
+    (Enum) field's values are checked here too: OmegaConf would refuse them as well, but in a
+    six-line report after Hydra starts, where this is one line naming the valid values."""
     hints = typing.get_type_hints(schema)
     name, rest = parts[0], parts[1:]
     if name not in hints:
@@ -82,8 +112,13 @@ def _check_path(section: str, schema: type, parts: list[str], full_key: str, lab
         raise ConfigError(f"unknown config key '{full_key}'{_suggest(name, names)}; "
                           f"valid keys in {label}: {', '.join(names)}")
     hint = hints[name]
+    if not rest and isinstance(hint, type) and issubclass(hint, Enum):
+        valid = [m.value for m in hint]
+        for value in values:
+            if value not in valid:
+                raise ConfigError(f"{full_key}={value!r} is not valid; choose one of: {', '.join(valid)}")
     if rest and dataclasses.is_dataclass(hint):
-        _check_path(section, hint, rest, full_key, f"{label}.{name}")
+        _check_path(section, hint, rest, full_key, f"{label}.{name}", values)
     elif rest and typing.get_origin(hint) not in (dict,) and hint is not dict:
         raise ConfigError(f"config key '{full_key}': {label}.{name} has no sub-keys")
 
@@ -121,12 +156,15 @@ def check_overrides(args: list[str]) -> None:
                               f"top-level keys: {', '.join(SECTIONS)}")
         if not rest:
             continue
+        if key in MOVED:
+            raise ConfigError(f"'{key}' is now '{MOVED[key]}' (see `rlft list keys {MOVED[key].split('.')[0]}`)")
         if section == "algo":
             for algo in algos:
-                if algo in ALGO_SCHEMAS:
-                    _check_path(section, ALGO_SCHEMAS[algo], rest, key, f"algo={algo}")
+                kind = algo_kind(algo)
+                if kind in ALGO_SCHEMAS:
+                    _check_path(section, ALGO_SCHEMAS[kind], rest, key, f"algo={algo}", _values(o))
             continue
         schema = SECTIONS[section]
         if not dataclasses.is_dataclass(schema):
             raise ConfigError(f"config key '{key}': '{section}' has no sub-keys")
-        _check_path(section, schema, rest, key, section)
+        _check_path(section, schema, rest, key, section, _values(o))

@@ -109,7 +109,7 @@ def rlft_config(args):
 
     register_schemas()
     n = args.prompts * args.samples
-    overrides = ["algo=grpo", f"algo.prompts_per_step={args.prompts}", f"algo.samples_per_prompt={args.samples}",
+    overrides = ["algo=grpo", f"rollout.prompts_per_step={args.prompts}", f"rollout.samples_per_prompt={args.samples}",
                  f"rollout.max_new_tokens={args.new_tokens}", f"algo.kl_coef={args.kl_coef}", "algo.loss_agg=token-mean",
                  f"rollout.batch_size={n}", f"train.micro_batch_per_device={args.micro_batch or n}",
                  f"train.max_seq_len={args.prompt_tokens}", "train.lr=1e-6", "train.warmup_steps=0",
@@ -130,7 +130,8 @@ def run_rlft(args) -> dict:
     from rlft.engine import Engine, dist
     from rlft.rollout import batch as rb
     from rlft.rollout.generate import Sampling, build_engine
-    from rlft.stages.rl import Sums, advantage_config, rollout_logp, update_policy
+    from rlft.stages.common import Sums
+    from rlft.stages.rl import advantage_config, rollout_logp, update_policy
 
     cfg = rlft_config(args)
     info = dist.init(cfg.engine)
@@ -169,7 +170,7 @@ def run_rlft(args) -> dict:
         g = torch.Generator().manual_seed(args.seed + step)
         ro.scores = torch.rand(n, generator=g, dtype=torch.float64)
         batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=args.samples, ref_logp=ro.ref_logp)
-        ro.adv = ADVANTAGES.get("grpo")(batch, advantage_config(a, args.kl_coef)).adv.float()
+        ro.adv = ADVANTAGES.get("grpo")(batch, advantage_config(a, cfg.critic, args.kl_coef)).adv.float()
         sync(device)
         times["scoring"] = time.perf_counter() - tic
 

@@ -5,12 +5,13 @@ algorithm's frontier.
 
     python scripts/frontier.py                                   # PPO, P3O, GRPO on the built-in task
     python scripts/frontier.py --run frontier --algos ppo,p3o,grpo,online_dpo --steps 100
-    python scripts/frontier.py --betas grpo=0,0.04,0.2 --rl-arg algo.prompts_per_step=16 -- engine.threads_per_rank=1
+    python scripts/frontier.py --betas grpo=0,0.04,0.2 --rl-arg rollout.prompts_per_step=16 -- engine.threads_per_rank=1
 
 Overrides after `--` go to every rlft command (training and evaluation); --rl-arg and --parent-arg
 to the RL trainings or the SFT/RM trainings only.
 
-Per algorithm one Hydra multirun, `rlft train -m algo=<algo> algo.kl_coef=<b1>,<b2>,...`, into
+Per algorithm one Hydra multirun, `rlft train -m algo=<algo> algo.kl_coef=<b1>,<b2>,...` (online DPO:
+`pairwise.beta`), into
 runs/<run>/frontier/<algo>/<job>/; the SFT (and RM, which PPO's critic starts from) are trained
 first unless complete. Each job is then evaluated with `rlft eval` on the same held-out problems:
 the mean reward of the policy's own samples at temperature 1 and the sequence-level KL to the SFT
@@ -31,6 +32,8 @@ from pathlib import Path
 
 DEFAULT_BETAS = {"ppo": [0.01, 0.05, 0.2], "p3o": [0.01, 0.05, 0.2], "grpo": [0.01, 0.04, 0.2],
                  "online_dpo": [0.05, 0.1, 0.5]}
+# The key that sets each algorithm's KL strength: DPO's beta for online DPO, algo.kl_coef otherwise.
+BETA_KEY = {"online_dpo": "pairwise.beta"}
 COLUMNS = ["algo", "beta", "reward", "kl_to_ref", "kl_to_ref_per_token", "greedy_accuracy", "rm_score", "dir"]
 
 
@@ -54,7 +57,8 @@ def job_dirs(sweep: Path, algo: str) -> list[Path]:
 def beta_of(stage_dir: Path) -> float:
     from omegaconf import OmegaConf
 
-    return float(OmegaConf.load(stage_dir / "config.yaml").algo.kl_coef)
+    return float(OmegaConf.select(OmegaConf.load(stage_dir / "config.yaml"),
+                                  BETA_KEY.get(stage_dir.name, "algo.kl_coef")))
 
 
 def finished(sweep: Path, algo: str) -> list[Path]:
@@ -68,7 +72,7 @@ def train_sweep(args, algo: str, betas: list[float], common: list[str]) -> list[
     if todo:
         # one multirun for the betas still missing (an interrupted frontier adds a new sub-sweep)
         sub = sweep / f"sweep{len(list(sweep.glob('sweep*')))}"
-        rlft("train", "-m", f"algo={algo}", f"algo.kl_coef={','.join(str(b) for b in todo)}",
+        rlft("train", "-m", f"algo={algo}", f"{BETA_KEY.get(algo, 'algo.kl_coef')}={','.join(str(b) for b in todo)}",
              f"train.max_steps={args.steps}", f"hydra.sweep.dir={sub}", *common, *args.rl_arg)
     return [d for d in finished(sweep, algo) if beta_of(d) in betas]
 

@@ -23,12 +23,12 @@ train prm algo=prm
 VARIANT_STEPS=${VARIANT_STEPS:-100}
 train grpo algo=grpo
 train grpo_process algo=grpo algo.advantage=grpo_process train.max_steps="$VARIANT_STEPS"
-train grpo_iterative algo=grpo algo.advantage=grpo_process algo.iterations=2 train.max_steps="$VARIANT_STEPS"
+train grpo_iterative algo=grpo algo.advantage=grpo_process iterative.iterations=2 train.max_steps="$VARIANT_STEPS"
 train online_rft algo=online_rft train.max_steps="$VARIANT_STEPS"
 train rft algo=rft train.max_steps="$VARIANT_STEPS"
 train ppo algo=ppo
-train p3o_joint algo=p3o algo.p3o_clip_mode=joint
-train p3o_separate algo=p3o algo.p3o_clip_mode=separate
+train p3o_joint algo=p3o algo.pairwise_loss=p3o_joint
+train p3o_separate algo=p3o algo.pairwise_loss=p3o_separate
 train dpo algo=dpo
 train online_dpo algo=online_dpo
 MODELS=(sft grpo grpo_process grpo_iterative online_rft rft ppo p3o_joint p3o_separate dpo online_dpo)

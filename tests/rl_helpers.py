@@ -22,7 +22,7 @@ USER_REWARD = "rl_user_reward"
 
 # One rollout = 4 prompts x 4 samples = 16 sequences = one optimizer step (micro 8, 2 accumulation steps).
 RL_SMALL = [
-    "algo.prompts_per_step=4", "algo.samples_per_prompt=4", "rollout.max_new_tokens=24", "algo.eval_problems=8",
+    "rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=24", "algo.eval_problems=8",
     "rollout.batch_size=16", "train.micro_batch_per_device=8", "train.log_every=1", "train.save_every=0",
 ]
 PARENT_STEPS = {"sft": 3, "rm": 2, "prm": 2}

@@ -5,7 +5,7 @@ one signature, so it never branches on the algorithm:
 
     ADVANTAGES      fn(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput(adv, returns)
     POLICY_LOSSES   fn(logp, old_logp, adv, mask, cfg: PolicyLossConfig) -> (loss [B, T], metrics)
-    P3O_LOSSES      fn(logp1, old_logp1, mask1, logp2, old_logp2, mask2, delta, cfg: P3OConfig) -> (loss [P], metrics)
+    PAIRWISE_LOSSES fn(batch: PairBatch, cfg: PairLossConfig, counts: PairCounts) -> (loss, {name: (sum, count)})
     KL_ESTIMATORS   fn(logp, ref_logp) -> Tensor (elementwise)
     IS_CORRECTIONS  fn(old_logp, engine_logp, mask, cfg: ISConfig) -> (weights [B, T], metrics)
     AGGREGATIONS    fn(loss [B, T], mask [B, T], denom: AggDenominator | None) -> scalar
@@ -34,16 +34,22 @@ from rlft.algos.aggregate import AGGREGATIONS, AggDenominator, agg_denominator, 
 from rlft.algos.importance import IS_CORRECTIONS, ISConfig
 from rlft.algos.kl import KL_ESTIMATORS, AdaptiveKLController
 from rlft.algos.masked import masked_mean, masked_sum, masked_var, sequence_logp, whiten, zero_masked
-from rlft.algos.policy_losses import (
-    P3O_LOSSES,
-    POLICY_LOSSES,
-    P3OConfig,
-    PolicyLossConfig,
-    importance_ratio,
+from rlft.algos.pairwise import (
+    PAIRWISE_LOSSES,
+    PairBatch,
+    PairCounts,
+    PairLossConfig,
+    as_pairs,
+    online_dpo_pair_loss,
     p3o_aggregate,
+    p3o_joint,
     p3o_pair_indices,
     p3o_reward_delta,
+    p3o_separate,
+    p3o_separate_tokenwise,
+    pair_rollout_inputs,
 )
+from rlft.algos.policy_losses import POLICY_LOSSES, PolicyLossConfig, importance_ratio
 from rlft.algos.preference import (
     bradley_terry_loss,
     dpo_loss,
@@ -59,14 +65,16 @@ __all__ = [
     "IS_CORRECTIONS",
     "ISConfig",
     "KL_ESTIMATORS",
-    "P3O_LOSSES",
+    "PAIRWISE_LOSSES",
     "POLICY_LOSSES",
     "AdaptiveKLController",
     "AdvantageConfig",
     "AdvantageInputs",
     "AdvantageOutput",
     "AggDenominator",
-    "P3OConfig",
+    "PairBatch",
+    "PairCounts",
+    "PairLossConfig",
     "PolicyLossConfig",
     "agg_denominator",
     "aggregate",
@@ -86,9 +94,15 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "math_shepherd_labels",
+    "as_pairs",
+    "online_dpo_pair_loss",
     "p3o_aggregate",
+    "p3o_joint",
     "p3o_pair_indices",
     "p3o_reward_delta",
+    "p3o_separate",
+    "p3o_separate_tokenwise",
+    "pair_rollout_inputs",
     "prm_bce_loss",
     "score_at_last_token",
     "sequence_logp",

@@ -6,7 +6,7 @@ Registry signature (ADVANTAGES):
 
 An entry that needs more than scores says so when registered: "groups" (at least 2 completions
 per prompt), "critic" (values from a critic the stage trains), "step_scores" (a PRM's per-step
-scores).
+scores), "kl_reward" (it folds the KL to the reference into its rewards: algo.kl_in=reward).
 
 `adv` is per token and 0 on masked positions; `returns` is set by estimators
 that have them (gae: critic targets; reinforce_pp*: returns-to-go), else None.
@@ -233,7 +233,7 @@ def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutpu
     return AdvantageOutput(zero_masked(adv, batch.mask), None)
 
 
-@ADVANTAGES.register("rloo", needs=("groups",))
+@ADVANTAGES.register("rloo", needs=("groups", "kl_reward"))
 def rloo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """RLOO (§8): R_i = score_i - beta * sum_t k_t;  A_i = R_i - mean_{j != i} R_j."""
     R = batch.scores.to(_float_dtype(batch.scores))
@@ -258,21 +258,21 @@ def _reinforce_pp(batch: AdvantageInputs, cfg: AdvantageConfig, scores: Tensor, 
     return AdvantageOutput(_global_normalize(returns, batch.mask, cfg.reduce), returns)
 
 
-@ADVANTAGES.register("reinforce_pp")
+@ADVANTAGES.register("reinforce_pp", needs=("kl_reward",))
 def reinforce_pp(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """REINFORCE++ (§8): A_t = sum_{s>=t} gamma^(s-t) r_s with
     r_t = 1[t=T] score - beta k1_t, then global whitening (population variance)."""
     return _reinforce_pp(batch, cfg, batch.scores, "reinforce_pp")
 
 
-@ADVANTAGES.register("reinforce_pp_baseline", needs=("groups",))
+@ADVANTAGES.register("reinforce_pp_baseline", needs=("groups", "kl_reward"))
 def reinforce_pp_baseline(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """REINFORCE++-baseline (§8): the group-mean score is subtracted first."""
     centred = group_normalize(batch.scores, batch.group_size, scale=False)
     return _reinforce_pp(batch, cfg, centred, "reinforce_pp_baseline")
 
 
-@ADVANTAGES.register("gae", needs=("critic",))
+@ADVANTAGES.register("gae", needs=("critic", "kl_reward"))
 def gae(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """PPO-RLHF (§3): r_t = -beta k1(old, ref)_t + 1[t=T] score; GAE(gamma, lam)
     with the rollout values; returns R = A + V are the critic targets;

@@ -14,7 +14,6 @@ the full-batch loss, whatever the micro-batch size or number of ranks.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
 from pathlib import Path
@@ -25,17 +24,17 @@ from rlft.config import grad_accum_steps
 from rlft.engine import dist
 
 
-def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float) -> float:
-    """Learning-rate factor at optimizer step `step` (0-based): linear warm-up, then decay to min_ratio."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    span = max(1, total_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / span)
-    if schedule == "linear":
-        return 1.0 - (1.0 - min_ratio) * progress
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+def make_scheduler(optimizer: torch.optim.Optimizer, t) -> torch.optim.lr_scheduler.LambdaLR:
+    """transformers' warmup-stable-decay schedule: linear warm-up over `train.warmup_steps` from
+    min_lr_ratio x lr to lr, then constant (lr_schedule=constant) or a cosine / linear decay to
+    min_lr_ratio x lr at train.max_steps. The first step already has a non-zero rate."""
+    from transformers import get_scheduler
+
+    warmup = min(t.warmup_steps, t.max_steps)
+    decay = 0 if t.lr_schedule == "constant" else t.max_steps - warmup
+    return get_scheduler("warmup_stable_decay", optimizer, num_warmup_steps=warmup, scheduler_specific_kwargs=dict(
+        num_stable_steps=t.max_steps - warmup - decay, num_decay_steps=decay, min_lr_ratio=t.min_lr_ratio,
+        decay_type="cosine" if t.lr_schedule == "constant" else str(t.lr_schedule)))
 
 
 def deepspeed_config(cfg, trainable: bool = True) -> dict:
@@ -88,8 +87,7 @@ class Engine:
             t = cfg.train
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = make_optimizer(params, t, offload=cfg.engine.offload_optimizer and cfg.engine.zero_stage > 0)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda s: lr_multiplier(s, t.warmup_steps, t.max_steps, t.lr_schedule, t.min_lr_ratio))
+            scheduler = make_scheduler(optimizer, t)
             self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
         elif cfg.engine.zero_stage == 3:
@@ -136,6 +134,16 @@ class Engine:
         """Global gradient norm before clipping, when DeepSpeed tracked it (ZeRO 1-3, bf16)."""
         norm = self.ds.get_global_grad_norm()
         return float(norm) if norm is not None else None
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Eval mode (no dropout) and no gradient for the duration, then back to training mode."""
+        self.ds.eval()
+        try:
+            with torch.no_grad():
+                yield self
+        finally:
+            self.ds.train(self.trainable)
 
     # ------------------------------------------------------------------ generation
     @contextlib.contextmanager

@@ -138,10 +138,10 @@ def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
     return out.to(t.device, t.dtype)
 
 
-def broadcast_object(obj):
-    """rank 0's Python object, on every rank."""
+def all_gather_object(obj) -> list:
+    """Every rank's Python object, in rank order, on every rank (collective)."""
     if not torch.distributed.is_initialized() or info().world_size == 1:
-        return obj
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
+        return [obj]
+    out = [None] * info().world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out

@@ -65,7 +65,11 @@ class ScoringModel:
         new_tokens = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
         self.max_len = cfg.train.max_seq_len + new_tokens
         self.tokenizer = load_tokenizer(cfg.model, path)
-        self.model = load_model(cfg.model, path, self.tokenizer, head=kind).to(device).eval()
+        self.use(load_model(cfg.model, path, self.tokenizer, head=kind))
+
+    def use(self, model: torch.nn.Module) -> None:
+        """Score with `model` from now on (e.g. iterative RL's retrained copy): frozen, in eval mode."""
+        self.model = model.to(self.device).eval()
         self.model.requires_grad_(False)
 
     def _encode(self, prompt_text: str, completion: str) -> list[int]:

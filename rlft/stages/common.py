@@ -109,7 +109,62 @@ def resume_state(ctx: StageContext, engine: Engine, companions: dict | None = No
     return state
 
 
+class Sums:
+    """Metric sums and counts on this rank; `reduce` sums them over ranks and divides, so every
+    logged metric is a mean over all ranks' items (tokens, sequences, pairs, steps)."""
+
+    def __init__(self):
+        self.values: dict[str, list[float]] = {}
+        self.maxima: dict[str, float] = {}
+
+    def add(self, name: str, total: float, count: float) -> None:
+        acc = self.values.setdefault(name, [0.0, 0.0])
+        acc[0] += float(total)
+        acc[1] += float(count)
+
+    def add_all(self, stats: dict[str, tuple[float, float]]) -> None:
+        """Add {name: (sum, count)}, what a stage's loss function reports."""
+        for name, (total, count) in stats.items():
+            self.add(name, total, count)
+
+    def add_max(self, name: str, value: float) -> None:
+        self.maxima[name] = max(self.maxima.get(name, float("-inf")), float(value))
+
+    def reduce(self) -> dict:
+        """Collective: every rank must call it."""
+        names = sorted(self.values)
+        flat = dist.all_reduce_sum([v for n in names for v in self.values[n]])
+        out = {n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
+        maxima = sorted(self.maxima)
+        out.update(zip(maxima, dist.all_reduce_max([self.maxima[n] for n in maxima])))
+        return out
+
+
 LossFn = Callable[[torch.nn.Module, list, float], tuple[torch.Tensor, dict]]
+
+
+def optimizer_step(engine: Engine, examples: list, indices: list[int], count_fn: Callable[[list], float],
+                   loss_fn: LossFn, micro: int, sums: Sums) -> None:
+    """One optimizer step on the global batch `indices`: this rank's share, micro-batch by micro-batch,
+    each loss divided by count_fn(global batch) (tokens, pairs or steps of the whole step)."""
+    info = dist.info()
+    denom = float(count_fn([examples[i] for i in indices]))
+    for part in rank_micro_batches(indices, info.rank, info.world_size, micro):
+        loss, stats = loss_fn(engine, [examples[i] for i in part], denom)
+        engine.backward(loss)
+        engine.step()
+        sums.add_all(stats)
+
+
+def held_out(engine: Engine, examples: list, loss_fn: LossFn, micro: int, prefix: str = "eval_") -> dict:
+    """The loss function's metrics over held-out examples (no gradient, eval mode), sharded over ranks."""
+    info = dist.info()
+    shard = examples[info.rank::info.world_size]
+    sums = Sums()
+    with engine.evaluating():
+        for i in range(0, len(shard), micro):
+            sums.add_all(loss_fn(engine, shard[i:i + micro], 1.0)[1])
+    return {prefix + name: value for name, value in sums.reduce().items()}
 
 
 def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn: Callable[[list], float],
@@ -124,35 +179,25 @@ def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn:
     start = maybe_resume(ctx, engine)
     tracker = Tracker(ctx.run_dir, cfg, info.is_main, t.max_steps, start)
     last: dict = {}
-    sums: dict[str, list[float]] = {}
+    sums = Sums()
     step_time, steps_since_log = 0.0, 0
     for step in range(start, t.max_steps):
         tic = time.time()
-        indices = step_indices(step, t.batch_size, len(examples), cfg.seed)
-        denom = float(count_fn([examples[i] for i in indices]))
-        for micro in rank_micro_batches(indices, info.rank, info.world_size, t.micro_batch_per_device):
-            loss, stats = loss_fn(engine, [examples[i] for i in micro], denom)
-            engine.backward(loss)
-            engine.step()
-            for name, (s, c) in stats.items():
-                acc = sums.setdefault(name, [0.0, 0.0])
-                acc[0] += float(s)
-                acc[1] += float(c)
+        optimizer_step(engine, examples, step_indices(step, t.batch_size, len(examples), cfg.seed), count_fn,
+                       loss_fn, t.micro_batch_per_device, sums)
         step_time += time.time() - tic
         steps_since_log += 1
         done = step + 1
         tracker.advance()
         if done % t.log_every == 0 or done == t.max_steps:
-            names = sorted(sums)
-            flat = dist.all_reduce_sum([v for n in names for v in sums[n]])
-            last = {n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
+            last = sums.reduce()
             last.update(lr=engine.lr(), step_time_s=step_time / steps_since_log)
             if engine.grad_norm() is not None:
                 last["grad_norm"] = engine.grad_norm()
             if evaluate is not None and eval_every and done % eval_every == 0 and done != t.max_steps:
                 last.update(evaluate())
             tracker.log(done, last)
-            sums, step_time, steps_since_log = {}, 0.0, 0
+            sums, step_time, steps_since_log = Sums(), 0.0, 0
         if t.save_every and done % t.save_every == 0 and done != t.max_steps:
             engine.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": rng_state()}, t.keep_checkpoints)
     if evaluate is not None:

@@ -46,10 +46,7 @@ def add_reference_logps(model, examples: list[dict], pad_id: int, micro: int, de
         idx = mine[start:start + micro]
         s_w, s_l, _, _ = pair_logps(model, [examples[i] for i in idx], pad_id, device)
         values.update({i: (w, lose) for i, w, lose in zip(idx, s_w.tolist(), s_l.tolist())})
-    if torch.distributed.is_initialized() and info.world_size > 1:
-        parts = [None] * info.world_size
-        torch.distributed.all_gather_object(parts, values)
-        values = {k: v for part in parts for k, v in part.items()}
+    values = {k: v for part in dist.all_gather_object(values) for k, v in part.items()}
     for i, ex in enumerate(examples):
         ex["ref_chosen"], ex["ref_rejected"] = values[i]
 
@@ -67,8 +64,6 @@ def dpo_step_loss(engine: Engine, examples: list[dict], num_pairs_global: float,
 
 
 def run(cfg, ctx: common.StageContext) -> dict:
-    from rlft.stages.reward import held_out
-
     common.prepare_run_dir(ctx)
     a = cfg.algo
     parent = handoff.resolve_model_path(cfg)
@@ -84,7 +79,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     dist.print0(f"dpo: {len(train)} training and {len(test)} held-out pairs; reference log-probs cached")
     engine = Engine(cfg, model)
     loss_fn = lambda e, x, d: dpo_step_loss(e, x, d, pad, a)  # noqa: E731
-    evaluate = (lambda: held_out(engine, test, loss_fn, micro)) if test else None
+    evaluate = (lambda: common.held_out(engine, test, loss_fn, micro)) if test else None
     summary = common.supervised_loop(ctx, engine, train, len, loss_fn, evaluate, a.eval_every)
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary

@@ -3,13 +3,13 @@ from the current policy's samples and the reference becomes the current policy.
 
 At the end of iteration k (before iteration k+1 starts):
   1. the policy is saved to iterations/iter-k/policy (a Hugging Face directory);
-  2. every reward model in use (RM and/or PRM) trains for `algo.rm_steps_per_iteration` steps on
+  2. every reward model in use (RM and/or PRM) trains for `iterative.rm_steps` steps on
      data labelled by the rule verifier from iteration k's samples, mixed with a replay of its
-     earlier training data making up `algo.rm_replay_ratio` (10%) of the mix; it is saved to
+     earlier training data making up `iterative.replay_ratio` (10%) of the mix; it is saved to
      iterations/iter-k/<rm|prm>;
        RM  pairs: (correct, incorrect) completions of the same prompt;
        PRM step labels, Math-Shepherd hard estimate (§2.2): every step of a correct completion
-           is 1; a step of an incorrect one is 1 when any of `algo.prm_label_completions` continuations of
+           is 1; a step of an incorrect one is 1 when any of `iterative.label_completions` continuations of
            its prefix, sampled from the current policy, reaches the gold answer;
   3. the reference model is reloaded from iterations/iter-k/policy.
 
@@ -33,7 +33,7 @@ from rlft.rewards.scoring import split_steps
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout.generate import Sampling
 from rlft.stages import common, inputs
-from rlft.stages.reward import prm_loss, rm_loss
+from rlft.stages.reward import prm_loss, rm_loss, step_count
 
 
 def sample_records(ro) -> list[dict]:
@@ -66,7 +66,7 @@ def hard_step_labels(stage, record: dict) -> list[int]:
     tok = stage.tokenizer
     prefixes = ["\n".join(steps[:j + 1]) + "\n" for j in range(len(steps))]
     prompt_ids = [encode_prompt(tok, record["prompt_text"] + p) for p in prefixes]
-    n = stage.a.prm_label_completions
+    n = stage.cfg.iterative.label_completions
     r = stage.cfg.rollout
     gens = stage.generate(prompt_ids, n, Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
                           seed=len(record["completion"]) * 7919 + stage.ctx.info.rank)
@@ -80,9 +80,9 @@ def new_examples(stage, kind: str, tokenizer, records: list[dict]) -> list[dict]
     max_len = stage.cfg.train.max_seq_len
     if kind == "rm":
         return [encode_pair(tokenizer, p["prompt_text"], p["chosen"], p["rejected"], max_len)
-                for p in rm_pairs(records, stage.a.samples_per_prompt)]
+                for p in rm_pairs(records, stage.cfg.rollout.samples_per_prompt)]
     correct = [r for r in records if r["correct"]]
-    budget = stage.a.prm_label_budget
+    budget = stage.cfg.iterative.label_budget
     wrong = [r for r in records if not r["correct"]][:budget]
     rows = [(r, hard_step_labels(stage, r)) for r in correct[:len(wrong) or budget] + wrong]
     out = []
@@ -96,8 +96,8 @@ def new_examples(stage, kind: str, tokenizer, records: list[dict]) -> list[dict]
 
 
 def replay_examples(stage, kind: str, tokenizer, num_new: int, seed: int) -> list[dict]:
-    """Earlier training data of the reward model, sized to `rm_replay_ratio` of the mix."""
-    ratio = stage.a.rm_replay_ratio
+    """Earlier training data of the reward model, sized to `iterative.replay_ratio` of the mix."""
+    ratio = stage.cfg.iterative.replay_ratio
     if ratio <= 0 or num_new == 0:
         return []
     history = inputs.pair_examples(stage.cfg, tokenizer, "train") if kind == "rm" else \
@@ -112,34 +112,36 @@ def rm_train_config(cfg):
     world = cfg.engine.nproc_per_node * cfg.engine.nnodes
     micro = cfg.train.micro_batch_per_device
     rm_cfg.train.batch_size = micro * world
-    rm_cfg.train.max_steps = cfg.algo.rm_steps_per_iteration
-    rm_cfg.train.lr = cfg.algo.rm_lr
+    rm_cfg.train.max_steps = cfg.iterative.rm_steps
+    rm_cfg.train.lr = cfg.iterative.rm_lr
     rm_cfg.train.warmup_steps = 0
     rm_cfg.train.lr_schedule = "constant"
-    rm_cfg.engine.zero_stage = 0  # the scorer stays a whole module on every rank
+    # The scorer is a whole module on every rank between retrainings (it scores each rank's samples);
+    # ZeRO-3 would partition it, so a ZeRO-3 run trains it under ZeRO-2 (its optimizer state and
+    # gradients still sharded).
+    rm_cfg.engine.zero_stage = min(cfg.engine.zero_stage, 2)
     return rm_cfg
+
+
+# kind -> (loss function, the global count it is normalised by)
+LOSSES = {"rm": (rm_loss, len), "prm": (prm_loss, step_count)}
 
 
 def train_reward_model(stage, kind: str, scorer, examples: list[dict]) -> dict:
     """A few optimizer steps of the RM/PRM loss on `examples`; the scorer gets the new weights."""
     rm_cfg = rm_train_config(stage.cfg)
-    info = stage.ctx.info
     pad = scorer.tokenizer.pad_token_id
-    loss_fn = (lambda e, x, d: rm_loss(e, x, d, pad)) if kind == "rm" else (lambda e, x, d: prm_loss(e, x, d, pad))
-    count = len if kind == "rm" else (lambda xs: sum(len(x["step_positions"]) for x in xs))
+    loss_fn, count = LOSSES[kind]
     scorer.model.requires_grad_(True)
     engine = Engine(rm_cfg, scorer.model)
     losses = []
     for step in range(rm_cfg.train.max_steps):
-        idx = common.step_indices(step, rm_cfg.train.batch_size, len(examples), stage.cfg.seed + 17)
-        denom = float(count([examples[i] for i in idx]))
-        for micro in common.rank_micro_batches(idx, info.rank, info.world_size, rm_cfg.train.micro_batch_per_device):
-            loss, stats = loss_fn(engine, [examples[i] for i in micro], denom)
-            engine.backward(loss)
-            engine.step()
-            losses.append(stats["loss"][0] / max(stats["loss"][1], 1.0))
-    scorer.model = engine.module.eval()
-    scorer.model.requires_grad_(False)
+        sums = common.Sums()
+        common.optimizer_step(engine, examples,
+                              common.step_indices(step, rm_cfg.train.batch_size, len(examples), stage.cfg.seed + 17),
+                              count, lambda e, x, d: loss_fn(e, x, d, pad), rm_cfg.train.micro_batch_per_device, sums)
+        losses.append(sums.reduce()["loss"])
+    scorer.use(engine.module)
     return {f"{kind}_retrain_loss_first": losses[0] if losses else float("nan"),
             f"{kind}_retrain_loss_last": losses[-1] if losses else float("nan"),
             f"{kind}_retrain_examples": len(examples)}
@@ -157,9 +159,8 @@ def restore(stage, iteration: int, samples_log: list[dict]) -> None:
         scorers["prm"] = stage.step_prm
     for kind, scorer in scorers.items():
         if (root / kind).is_dir():  # absent when that iteration had no data for it (unchanged)
-            scorer.model = load_model(stage.cfg.model, str(root / kind), scorer.tokenizer, head=kind)
-            scorer.model.to(scorer.device).eval().requires_grad_(False)
-    if stage.a.kl_coef > 0:
+            scorer.use(load_model(stage.cfg.model, str(root / kind), scorer.tokenizer, head=kind))
+    if stage.ref is not None:
         stage.ref = stage.load_reference(str(root / "policy"))
     dist.print0(f"[rlft] resumed in iteration {iteration}: reward models and reference from {root}")
 
@@ -184,7 +185,7 @@ def next_iteration(stage, iteration: int) -> dict:
             state = {k: v.detach().cpu() for k, v in scorer.model.state_dict().items()}
             save_hf_dir(scorer.model, state, scorer.tokenizer, root / kind)
         dist.barrier()
-    if stage.a.kl_coef > 0:
+    if stage.ref is not None:
         stage.ref = stage.load_reference(str(root / "policy"))
     stage.samples_log = []
     dist.print0(f"[rlft] iteration {done} done: {report}; reference <- {root / 'policy'}")

@@ -64,56 +64,37 @@ def prm_loss(engine: Engine, examples: list[dict], num_steps_global: float, pad_
     return per_solution.sum() / num_steps_global, stats
 
 
-def held_out(engine: Engine, examples: list[dict], loss_fn, micro: int, prefix: str = "eval_") -> dict:
-    """Metrics of loss_fn over held-out examples, sharded over ranks and summed."""
-    info = dist.info()
-    shard = examples[info.rank::info.world_size]
-    sums: dict[str, list[float]] = {}
-    engine.ds.eval()
-    with torch.no_grad():
-        for i in range(0, len(shard), micro):
-            _, stats = loss_fn(engine, shard[i:i + micro], 1.0)
-            for name, (s, c) in stats.items():
-                acc = sums.setdefault(name, [0.0, 0.0])
-                acc[0] += s
-                acc[1] += c
-    engine.ds.train()
-    names = sorted(sums)
-    flat = dist.all_reduce_sum([v for n in names for v in sums.get(n, [0.0, 0.0])])
-    return {prefix + n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
+def step_count(examples: list[dict]) -> int:
+    """Labelled steps in a batch of step-labelled solutions (the PRM loss's global normaliser)."""
+    return sum(len(ex["step_positions"]) for ex in examples)
 
 
 def run_rm(cfg, ctx: common.StageContext) -> dict:
-    """Train an outcome RM (algo=rm)."""
-    return run(cfg, ctx, "rm")
+    """Train an outcome RM (algo=rm) on preference pairs."""
+    return run(cfg, ctx, "rm", lambda tok, split: inputs.pair_examples(cfg, tok, split), cfg.algo.num_eval_pairs,
+               len, rm_loss)
 
 
 def run_prm(cfg, ctx: common.StageContext) -> dict:
-    """Train a process RM (algo=prm)."""
-    return run(cfg, ctx, "prm")
+    """Train a process RM (algo=prm) on step-labelled solutions."""
+    return run(cfg, ctx, "prm", lambda tok, split: inputs.step_examples(cfg, tok, split, cfg.algo.frac_correct),
+               cfg.algo.num_eval_rows, step_count, prm_loss)
 
 
-def run(cfg, ctx: common.StageContext, kind: str) -> dict:
-    """Train a reward model with the `kind` head (rm: outcome, prm: process)."""
+def run(cfg, ctx: common.StageContext, head: str, examples, num_eval: int, count_fn, loss) -> dict:
+    """Train a reward model with the `head` (rm: one score per sequence, prm: per step) on
+    examples(tokenizer, split), the loss normalised by count_fn(global batch)."""
     common.prepare_run_dir(ctx)
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
-    model = load_model(cfg.model, parent, tokenizer, head=kind, seed=cfg.seed)
+    model = load_model(cfg.model, parent, tokenizer, head=head, seed=cfg.seed)
     pad = tokenizer.pad_token_id
-    if kind == "rm":
-        train = inputs.pair_examples(cfg, tokenizer, "train")
-        test = inputs.pair_examples(cfg, tokenizer, "test")[:cfg.algo.num_eval_pairs]
-        count_fn = len
-        loss_fn = lambda eng, exs, denom: rm_loss(eng, exs, denom, pad)  # noqa: E731
-    else:
-        train = inputs.step_examples(cfg, tokenizer, "train", cfg.algo.frac_correct)
-        test = inputs.step_examples(cfg, tokenizer, "test", cfg.algo.frac_correct)[:cfg.algo.num_eval_rows]
-        count_fn = lambda exs: sum(len(ex["step_positions"]) for ex in exs)  # noqa: E731
-        loss_fn = lambda eng, exs, denom: prm_loss(eng, exs, denom, pad)  # noqa: E731
-    dist.print0(f"{kind}: {len(train)} training and {len(test)} held-out examples")
+    train, test = examples(tokenizer, "train"), examples(tokenizer, "test")[:num_eval]
+    loss_fn = lambda eng, exs, denom: loss(eng, exs, denom, pad)  # noqa: E731
+    dist.print0(f"{head}: {len(train)} training and {len(test)} held-out examples")
     engine = Engine(cfg, model)
-    evaluate = (lambda: held_out(engine, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
+    evaluate = (lambda: common.held_out(engine, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
     summary = common.supervised_loop(ctx, engine, train, count_fn, loss_fn, evaluate, cfg.algo.eval_every)
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary

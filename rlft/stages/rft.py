@@ -2,7 +2,7 @@
 
     rlft train algo=rft run.name=demo
 
-1. sample `algo.samples_per_prompt` completions for each of `algo.num_prompts` training prompts
+1. sample `rollout.samples_per_prompt` completions for each of `algo.num_prompts` training prompts
    from the starting (SFT) model;
 2. keep the completions whose reward exceeds `algo.rft_threshold` (default reward: the rule
    verifier), de-duplicated per prompt;
@@ -44,7 +44,7 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[tuple[int, str]], dict]:
     dist.print0(f"[rlft] rollout engine: {why}")
     engine.sync_weights(0)
     torch.manual_seed(cfg.seed + info.rank)
-    gens = engine.generate([encode_prompt(tokenizer, t) for t in prompt_texts], a.samples_per_prompt,
+    gens = engine.generate([encode_prompt(tokenizer, t) for t in prompt_texts], r.samples_per_prompt,
                            Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
                            seed=cfg.seed * 1000 + info.rank)
     engine.sleep()
@@ -54,12 +54,7 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[tuple[int, str]], dict]:
                                               [rows[i] for i in owners])
     kept = [(i, t) for i, t, r, trunc in zip(owners, gens.texts, rewards.tolist(), gens.truncated)
             if r > a.rft_threshold and not trunc]
-    gathered = [None] * info.world_size
-    if torch.distributed.is_initialized() and info.world_size > 1:
-        torch.distributed.all_gather_object(gathered, kept)
-    else:
-        gathered = [kept]
-    samples = dedupe(sorted(s for part in gathered for s in part))
+    samples = dedupe(sorted(s for part in dist.all_gather_object(kept) for s in part))
     n_sampled, n_kept = dist.all_reduce_sum([float(len(gens.texts)), float(len(kept))])
     stats = {"rft_sampled": n_sampled, "rft_correct": n_kept, "rft_unique": len(samples),
              "rft_prompt_coverage": len({i for i, _ in samples}) / max(len(rows), 1)}
@@ -75,7 +70,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     samples, stats = collect(cfg, ctx, model, tokenizer)
     dist.print0(f"rft: {stats}")
     if not samples:
-        raise common.StageError("rft: no sampled completion passed the verifier; raise algo.samples_per_prompt "
+        raise common.StageError("rft: no sampled completion passed the verifier; raise rollout.samples_per_prompt "
                            "or start from a stronger model")
     examples = [encode_sft(tokenizer, inputs.render(cfg, tokenizer, row["prompt"]), text, cfg.train.max_seq_len)
                 for row, text in samples]

@@ -1,18 +1,20 @@
-"""Online RL: one loop for GRPO (outcome or process supervision) and online RFT.
+"""Online RL: one loop for every RL preset (GRPO outcome/process, iterative, PPO, P3O, online RFT/DPO, ...).
 
     rlft train algo=grpo run.name=demo                      # from this run's SFT, rule reward
     rlft train algo=grpo algo.advantage=grpo_process run.name=demo   # PRM step rewards (stage:prm)
-    rlft train algo=grpo algo.iterations=2 reward=rm run.name=demo       # iterative, RM retrained
-    rlft train algo=online_rft run.name=demo
+    rlft train algo=grpo iterative.iterations=2 reward=rm run.name=demo  # iterative, RM retrained
+    rlft train algo=ppo run.name=demo                       # critic (critic.*), GAE
+    rlft train algo=p3o run.name=demo                       # pairwise update (algo.pairwise_loss)
 
 Each rollout step (docs/algorithms.md §4, Algorithm 1):
-  1. take this rank's share of `prompts_per_step` prompts and sample G completions each;
+  1. take this rank's share of `rollout.prompts_per_step` prompts and sample G completions each;
   2. score them (rewards.RewardSet), apply the truncation policy;
   3. old log-probs (only when the batch is reused: mu > 1 or several minibatches) and
      reference log-probs (only when kl_coef > 0) in no-grad batched passes;
   4. advantages from the registry (`algo.advantage`), optional dynamic sampling;
   5. mu passes of `minibatches_per_rollout` optimizer steps: per-token policy loss from the
-     registry, + kl_coef x KL(current || reference) per token, aggregated with global counts.
+     registry, + kl_coef x KL(current || reference) per token, aggregated with global counts
+     (or, with `algo.pairwise_loss`, a PAIRWISE_LOSSES entry on pairs of completions).
 The algorithms differ only in the registered functions they name; the loop never asks which.
 """
 from __future__ import annotations
@@ -24,13 +26,12 @@ import torch
 from rlft import handoff
 from omegaconf import OmegaConf
 
-from rlft.algos import (ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, P3O_LOSSES, POLICY_LOSSES,
-                        AdaptiveKLController, AdvantageConfig, AdvantageInputs, AggDenominator, ISConfig, P3OConfig,
-                        PolicyLossConfig, dynamic_sampling_keep_mask, frac_zero_std_groups, sequence_logp)
-from rlft.algos.policy_losses import p3o_aggregate, p3o_pair_indices, p3o_reward_delta
-from rlft.algos.preference import dpo_loss
+from rlft.algos import (ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES,
+                        AdaptiveKLController, AdvantageConfig, AdvantageInputs, AggDenominator, ISConfig, PairBatch,
+                        PairCounts, PairLossConfig, PolicyLossConfig, dynamic_sampling_keep_mask, frac_zero_std_groups,
+                        pair_rollout_inputs)
 from rlft.algos.value import value_loss
-from rlft.config import algo_spec
+from rlft.config import needs_reference, trains_critic
 from rlft.data.encode import encode_prompt
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer, token_scores
@@ -41,19 +42,20 @@ from rlft.rollout.logprobs import batched_token_logp, chunk_rows, forward_logits
 from rlft.stages import common, inputs, iterative
 
 
-def advantage_config(a, kl_coef: float) -> AdvantageConfig:
-    """Estimator options; the KL goes into the reward only when algo.kl_in=reward (PPO)."""
+def advantage_config(a, critic, kl_coef: float) -> AdvantageConfig:
+    """Estimator options (GAE's from the `critic` section); the KL goes into the reward only when
+    algo.kl_in=reward (PPO)."""
     return AdvantageConfig(eps_adv=a.eps_adv, std_unbiased=a.std_unbiased, scale_by_std=a.scale_by_std,
                            rft_threshold=a.rft_threshold, kl_coef=kl_coef if a.kl_in == "reward" else 0.0,
-                           kl_estimator=a.kl_estimator, gamma=a.gamma, lam=a.lam,
-                           whiten_advantages=a.whiten_advantages, reduce=dist.sum_over_ranks)
+                           kl_estimator=a.kl_estimator, gamma=critic.gamma, lam=critic.lam,
+                           whiten_advantages=critic.whiten_advantages, reduce=dist.sum_over_ranks)
 
 
 def build_critic(cfg, tokenizer) -> Engine:
     """PPO's critic: a scalar head on every token, from the RM (or another model), own optimizer."""
     critic_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    critic_cfg.train.lr = cfg.algo.critic_lr
-    path = handoff.resolve_model_path(cfg, cfg.algo.critic_init)
+    critic_cfg.train.lr = cfg.critic.lr
+    path = handoff.resolve_model_path(cfg, cfg.critic.init)
     return Engine(critic_cfg, load_model(cfg.model, path, tokenizer, head="rm", seed=cfg.seed))
 
 
@@ -74,8 +76,8 @@ class RLStage:
         self.tokenizer = load_tokenizer(cfg.model, self.parent)
         common.seed_everything(cfg.seed)
         self.policy = Engine(cfg, load_model(cfg.model, self.parent, self.tokenizer, seed=cfg.seed))
-        self.ref = self.load_reference(self.parent) if self.a.kl_coef > 0 else None
-        self.critic = build_critic(cfg, self.tokenizer) if algo_spec(self.a.name).critic else None
+        self.ref = self.load_reference(self.parent) if needs_reference(cfg) else None
+        self.critic = build_critic(cfg, self.tokenizer) if trains_critic(cfg) else None
         self.kl_coef = float(self.a.kl_coef)
         self.kl_ctl = AdaptiveKLController(self.kl_coef, self.a.kl_target, self.a.kl_horizon) \
             if self.a.adaptive_kl else None
@@ -105,7 +107,7 @@ class RLStage:
 
     def sample(self, rows: list[dict], seed: int) -> rb.Rollout:
         """G completions for each row, as padded tensors (no scores yet)."""
-        G, tok = self.a.samples_per_prompt, self.tokenizer
+        G, tok = self.cfg.rollout.samples_per_prompt, self.tokenizer
         prompt_texts = [inputs.render(self.cfg, tok, r["prompt"]) for r in rows]
         prompt_ids = [encode_prompt(tok, t) for t in prompt_texts]
         gens = self.generate(prompt_ids, G, self.sampling, seed)
@@ -131,11 +133,11 @@ class RLStage:
 
     def rollout(self, rollout_index: int) -> rb.Rollout:
         """Sample and score this rank's prompts; dynamic sampling refills all-equal groups."""
-        a, info = self.a, self.ctx.info
-        G = a.samples_per_prompt
+        a, r, info = self.a, self.cfg.rollout, self.ctx.info
+        G = r.samples_per_prompt
 
         def rank_rows(seed_offset: int) -> list[dict]:
-            idx = common.step_indices(rollout_index, a.prompts_per_step, len(self.train_rows),
+            idx = common.step_indices(rollout_index, r.prompts_per_step, len(self.train_rows),
                                       self.cfg.seed + seed_offset)
             mine = minibatch_shard(idx, a.minibatches_per_rollout, info.rank, info.world_size)
             return [self.train_rows[i] for i in mine]
@@ -145,9 +147,9 @@ class RLStage:
 
         ro = self.sample(rank_rows(0), seed(0))
         self.score(ro)
-        if not a.dynamic_sampling:
+        if not r.dynamic_sampling:
             return ro
-        for round_ in range(1, a.max_sampling_rounds):
+        for round_ in range(1, r.max_sampling_rounds):
             keep = dynamic_sampling_keep_mask(ro.scores, G)
             if bool(keep.all()):
                 break
@@ -163,7 +165,8 @@ class RLStage:
         dev = self.ctx.info.device
         ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
         temperature = self.cfg.rollout.temperature
-        reuse = a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward" or a.pairwise
+        reuse = (a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward"
+                 or a.pairwise_loss is not None)
         if reuse or self.is_correction != "none":
             ro.old_logp = rollout_logp(self.policy, ro, micro, temperature)
         if self.ref is not None:
@@ -176,13 +179,15 @@ class RLStage:
                 ro.old_logp, engine_logp, ro.mask, ISConfig(r.is_level, r.is_cap))
         if self.critic is not None:
             ro.values = batched_values(self.critic, ids, attn, micro)
-        batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=a.samples_per_prompt,
-                                step_ends=ro.step_ends, step_scores=ro.step_scores, old_logp=ro.old_logp,
-                                ref_logp=ro.ref_logp, values=ro.values)
-        if a.pairwise:
-            pair_inputs(ro, a.samples_per_prompt, self.kl_coef)
+        G = self.cfg.rollout.samples_per_prompt
+        if a.pairwise_loss is not None:
+            ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp, ro.mask,
+                                                                          G, self.kl_coef)
             return
-        out = ADVANTAGES.get(a.advantage)(batch, advantage_config(a, self.kl_coef))
+        batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=G, step_ends=ro.step_ends,
+                                step_scores=ro.step_scores, old_logp=ro.old_logp, ref_logp=ro.ref_logp,
+                                values=ro.values)
+        out = ADVANTAGES.get(a.advantage)(batch, advantage_config(a, self.cfg.critic, self.kl_coef))
         ro.adv, ro.returns = out.adv.float(), out.returns
         if keep is not None:  # tokens the correction dropped leave the loss and its counts
             ro.mask = keep.to(ro.mask.dtype)
@@ -196,14 +201,15 @@ class RLStage:
         self.kl_ctl.update(total / max(count, 1.0), int(count))
         self.kl_coef = float(self.kl_ctl.value)
 
-    def update(self, ro: rb.Rollout, stats: "Sums", rollout_index: int) -> None:
+    def update(self, ro: rb.Rollout, stats: common.Sums, rollout_index: int) -> None:
         micro = self.cfg.train.micro_batch_per_device
         seed = (self.cfg.seed * 1_000_003 + rollout_index) * 4099 + self.ctx.info.rank
-        if self.a.pairwise:
-            update_pairwise(self.policy, self.a, self.cfg.rollout, micro, ro, stats, self.kl_coef, seed)
+        if self.a.pairwise_loss is not None:
+            update_pairwise(self.policy, self.a, self.cfg.pairwise, self.cfg.rollout, micro, ro, stats, self.kl_coef,
+                            seed)
         else:
             update_policy(self.policy, self.ref, self.a, self.cfg.rollout, micro, ro, stats, self.critic, self.kl_coef,
-                          seed)
+                          seed, value_clip=self.cfg.critic.value_clip)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -244,17 +250,28 @@ def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float)
     return ids, attn, cols, mask, entropy(logits.detach()), selective_logp(logits, ids[:, start + 1:])
 
 
-def epoch_rollout(ro: rb.Rollout, a, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
+def epoch_rollout(ro: rb.Rollout, a, group_size: int, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
     """The rollout as pass `epoch` sees it: with algo.shuffle_minibatches, this rank's groups in a
     fresh seeded order, so each pass cuts different minibatches."""
     if shuffle_seed is None or not a.shuffle_minibatches:
         return ro
-    return rb.take(ro, rb.group_shuffle_order(len(ro), a.samples_per_prompt, shuffle_seed * 101 + epoch))
+    return rb.take(ro, rb.group_shuffle_order(len(ro), group_size, shuffle_seed * 101 + epoch))
 
 
-def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.Rollout, stats: "Sums",
+def optimizer_steps(rollout: rb.Rollout, a, group_size: int, shuffle_seed: int | None):
+    """(the rollout as this pass orders it, first row, rows) of each optimizer step: mu passes
+    (`algo.updates_per_rollout`) of `algo.minibatches_per_rollout` steps each."""
+    n = len(rollout)
+    per_mb = n // a.minibatches_per_rollout
+    for epoch in range(a.updates_per_rollout):
+        ro = epoch_rollout(rollout, a, group_size, epoch, shuffle_seed)
+        for start in range(0, n, per_mb):
+            yield ro, start, per_mb
+
+
+def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.Rollout, stats: common.Sums,
                   critic: Engine | None = None, kl_coef: float | None = None,
-                  shuffle_seed: int | None = None) -> None:
+                  shuffle_seed: int | None = None, value_clip: float = 0.2) -> None:
     """mu passes over the rollout, `minibatches_per_rollout` optimizer steps each.
 
     Every micro-batch loss is normalised by the counts of its whole minibatch on all ranks,
@@ -266,39 +283,34 @@ def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.R
     aggregate = AGGREGATIONS.get(a.loss_agg)
     kl_fn = KL_ESTIMATORS.get(a.kl_estimator)
     pl_cfg = PolicyLossConfig(a.clip_eps_low, a.clip_eps_high, a.dual_clip_c)
-    n = len(ro)
-    per_mb = n // a.minibatches_per_rollout
-    rollout = ro
-    for epoch in range(a.updates_per_rollout):
-        ro = epoch_rollout(rollout, a, epoch, shuffle_seed)
-        for start in range(0, n, per_mb):
-            denom = global_denominator(ro.mask[start:start + per_mb], r.max_new_tokens)
-            for m in range(start, start + per_mb, micro):
-                sl = slice(m, m + micro)
-                ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
-                old = ro.old_logp[sl, cols].to(dev) if ro.old_logp is not None else None
-                loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, cols].to(dev), mask, pl_cfg)
-                if ro.is_weight is not None:
-                    loss_tok = loss_tok * ro.is_weight[sl, cols].to(dev)
-                tokens = mask.sum().item()
-                if ref is not None:
-                    kl = kl_fn(logp, ro.ref_logp[sl, cols].to(dev))
-                    if a.kl_in == "loss":
-                        loss_tok = loss_tok + (a.kl_coef if kl_coef is None else kl_coef) * kl
-                    stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
-                policy.backward(aggregate(loss_tok, mask, denom))
-                policy.step()
-                if critic is not None:
-                    values = token_scores(critic.module, ids, attn)[:, :-1][:, cols.start:]
-                    vloss, vm = value_loss(values, ro.values[sl, cols].to(dev),
-                                           ro.returns[sl, cols].to(dev), mask, a.value_clip, denom)
-                    critic.backward(vloss)
-                    critic.step()
-                    stats.add("value_loss", vloss.item() * denom.num_tokens, tokens)
-                    stats.add("vf_explained_var", vm["vf_explained_var"].item() * tokens, tokens)
-                    stats.add("vf_clipfrac", vm["vf_clipfrac"].item() * tokens, tokens)
-                stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
-                stats.add("entropy", masked_sum_f(ent, mask), tokens)
+    for ro, start, per_mb in optimizer_steps(ro, a, r.samples_per_prompt, shuffle_seed):
+        denom = global_denominator(ro.mask[start:start + per_mb], r.max_new_tokens)
+        for m in range(start, start + per_mb, micro):
+            sl = slice(m, m + micro)
+            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
+            old = ro.old_logp[sl, cols].to(dev) if ro.old_logp is not None else None
+            loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, cols].to(dev), mask, pl_cfg)
+            if ro.is_weight is not None:
+                loss_tok = loss_tok * ro.is_weight[sl, cols].to(dev)
+            tokens = mask.sum().item()
+            if ref is not None:
+                kl = kl_fn(logp, ro.ref_logp[sl, cols].to(dev))
+                if a.kl_in == "loss":
+                    loss_tok = loss_tok + (a.kl_coef if kl_coef is None else kl_coef) * kl
+                stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
+            policy.backward(aggregate(loss_tok, mask, denom))
+            policy.step()
+            if critic is not None:
+                values = token_scores(critic.module, ids, attn)[:, :-1][:, cols.start:]
+                vloss, vm = value_loss(values, ro.values[sl, cols].to(dev),
+                                       ro.returns[sl, cols].to(dev), mask, value_clip, denom)
+                critic.backward(vloss)
+                critic.step()
+                stats.add("value_loss", vloss.item() * denom.num_tokens, tokens)
+                stats.add("vf_explained_var", vm["vf_explained_var"].item() * tokens, tokens)
+                stats.add("vf_clipfrac", vm["vf_clipfrac"].item() * tokens, tokens)
+            stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
+            stats.add("entropy", masked_sum_f(ent, mask), tokens)
 
 
 def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int) -> list[int]:
@@ -312,106 +324,35 @@ def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int)
             for i in indices[k * per_mb + rank * per_rank:k * per_mb + (rank + 1) * per_rank]]
 
 
-def pair_inputs(ro: rb.Rollout, group_size: int, kl_coef: float) -> None:
-    """P3O (§10): disjoint pairs within each group and their KL-regularised reward difference."""
-    idx1, idx2 = p3o_pair_indices(len(ro), group_size)
-    s_old = sequence_logp(ro.old_logp, ro.mask)
-    s_ref = sequence_logp(ro.ref_logp, ro.mask) if ro.ref_logp is not None else s_old
-    # float64, so that a per-prompt reward shift cancels exactly rather than to fp32 rounding
-    ro.pair_scores = torch.stack([ro.scores[idx1], ro.scores[idx2]], -1).double()
-    ro.pair_s_ref = torch.stack([s_ref[idx1], s_ref[idx2]], -1).double()
-    s_old2 = torch.stack([s_old[idx1], s_old[idx2]], -1).double()
-    ro.delta = p3o_reward_delta(ro.pair_scores, s_old2, ro.pair_s_ref, kl_coef).float()
-
-
-def online_dpo_pairs(logp: torch.Tensor, mask: torch.Tensor, ref_logp: torch.Tensor, score_diff: torch.Tensor,
-                     beta: float, length_normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Online DPO (§9): per pair (rows 2j, 2j+1) the higher-reward completion is chosen; ties
-    give no loss. Returns (per-pair loss [P], kept [P] 0/1)."""
-    s = sequence_logp(logp, mask)
-    s_ref = sequence_logp(ref_logp, mask)
-    lengths = mask.sum(-1)
-    first = score_diff > 0
-    kept = (score_diff != 0).to(logp.dtype)
-    pick = lambda x, w: torch.where(first, x[0::2], x[1::2]) if w else torch.where(first, x[1::2], x[0::2])  # noqa
-    loss, _ = dpo_loss(pick(s, True), pick(s, False), pick(s_ref, True), pick(s_ref, False), beta,
-                       length_normalize, pick(lengths, True), pick(lengths, False))
-    return loss * kept, kept
-
-
-def update_pairwise(policy: Engine, a, r, micro: int, ro: rb.Rollout, stats: "Sums", kl_coef: float,
-                    shuffle_seed: int | None = None) -> None:
-    """Pairwise updates on rows (2j, 2j+1): P3O's clipped loss of §10, or online DPO;
-    the mean over the optimizer step's pairs (DPO: its untied pairs)."""
+def update_pairwise(policy: Engine, a, pairwise, r, micro: int, ro: rb.Rollout, stats: common.Sums,
+                    kl_coef: float, shuffle_seed: int | None = None) -> None:
+    """Pairwise updates on rows (2j, 2j+1) with the PAIRWISE_LOSSES entry `algo.pairwise_loss`
+    (P3O §10, online DPO §9); each micro-batch's loss is normalised by its optimizer step's counts."""
     dev = policy.device
-    cfg = P3OConfig(clip_mode=a.p3o_clip_mode, eps=a.clip_eps_low, c=a.p3o_c, kl_coef=kl_coef, kl_at=a.p3o_kl_at)
-    loss_fn = P3O_LOSSES.get(a.p3o_clip_mode)
-    n = len(ro)
-    per_mb = n // a.minibatches_per_rollout
-    rollout = ro
-    for epoch in range(a.updates_per_rollout):
-        ro = epoch_rollout(rollout, a, epoch, shuffle_seed)
-        for start in range(0, n, per_mb):
-            m = ro.mask[start:start + per_mb]
-            untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
-            pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
-            denom = AggDenominator(num_seqs=pairs, num_tokens=tokens, max_len=float(r.max_new_tokens))
-            for m0 in range(start, start + per_mb, micro):
-                sl, pl = slice(m0, m0 + micro), slice(m0 // 2, (m0 + micro) // 2)
-                ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
-                old = ro.old_logp[sl, cols].to(dev)
-                if a.pairwise_loss == "dpo":
-                    diff = (ro.pair_scores[pl, 0] - ro.pair_scores[pl, 1]).to(dev)
-                    loss, kept = online_dpo_pairs(logp, mask, ro.ref_logp[sl, cols].to(dev), diff, kl_coef,
-                                                  a.dpo_length_normalize)
-                    policy.backward(loss.sum() / max(untied, 1.0))
-                    policy.step()
-                    stats.add("dpo_loss", float(loss.sum()), float(kept.sum()))
-                    stats.add("pairs_kept", float(kept.sum()), float(kept.numel()))
-                    continue
-                delta = ro.delta[pl].to(dev)
-                if a.p3o_kl_at == "current":
-                    s_now = sequence_logp(logp.detach(), mask)
-                    s_now2 = torch.stack([s_now[0::2], s_now[1::2]], -1).double()
-                    delta = p3o_reward_delta(ro.pair_scores[pl].to(dev), s_now2, ro.pair_s_ref[pl].to(dev),
-                                             kl_coef).float()
-                loss, metrics = loss_fn(logp[0::2], old[0::2], mask[0::2], logp[1::2], old[1::2], mask[1::2],
-                                        delta, cfg)
-                policy.backward(p3o_aggregate(loss, cfg, denom))
-                policy.step()
-                n_pairs = float(delta.numel())
-                stats.add("clipfrac", metrics["clipfrac"].item() * n_pairs, n_pairs)
-                stats.add("is_weight", metrics["is_weight_mean"].item() * n_pairs, n_pairs)
-                stats.add("delta_abs", float(delta.abs().sum()), n_pairs)
-                tokens_here = mask.sum().item()
-                stats.add("entropy", masked_sum_f(ent, mask), tokens_here)
-                if ro.ref_logp is not None:
-                    kl = ro.old_logp[sl, cols].to(dev) - ro.ref_logp[sl, cols].to(dev)
-                    stats.add("kl", masked_sum_f(kl, mask), tokens_here)
-
-
-class Sums:
-    """Metric sums and counts on this rank, reduced over ranks when logged."""
-
-    def __init__(self):
-        self.values: dict[str, list[float]] = {}
-        self.maxima: dict[str, float] = {}
-
-    def add(self, name: str, total: float, count: float) -> None:
-        acc = self.values.setdefault(name, [0.0, 0.0])
-        acc[0] += float(total)
-        acc[1] += float(count)
-
-    def add_max(self, name: str, value: float) -> None:
-        self.maxima[name] = max(self.maxima.get(name, float("-inf")), float(value))
-
-    def reduce(self) -> dict:
-        names = sorted(self.values)
-        flat = dist.all_reduce_sum([v for n in names for v in self.values[n]])
-        out = {n: flat[2 * i] / max(flat[2 * i + 1], 1e-12) for i, n in enumerate(names)}
-        maxima = sorted(self.maxima)
-        out.update(zip(maxima, dist.all_reduce_max([self.maxima[n] for n in maxima])))
-        return out
+    loss_fn = PAIRWISE_LOSSES.get(a.pairwise_loss)
+    cfg = PairLossConfig(eps=a.clip_eps_low, c=pairwise.c, kl_coef=kl_coef, kl_at=str(pairwise.kl_at),
+                         avg_tokenwise=pairwise.avg_tokenwise, beta=pairwise.beta,
+                         length_normalize=pairwise.length_normalize)
+    for ro, start, per_mb in optimizer_steps(ro, a, r.samples_per_prompt, shuffle_seed):
+        m = ro.mask[start:start + per_mb]
+        untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
+        pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
+        counts = PairCounts(pairs=pairs, tokens=tokens, untied=untied)
+        for m0 in range(start, start + per_mb, micro):
+            sl, pl = slice(m0, m0 + micro), slice(m0 // 2, (m0 + micro) // 2)
+            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
+            ref = ro.ref_logp[sl, cols].to(dev) if ro.ref_logp is not None else None
+            batch = PairBatch(logp=logp, old_logp=ro.old_logp[sl, cols].to(dev), mask=mask, ref_logp=ref,
+                              scores=ro.pair_scores[pl].to(dev), s_ref=ro.pair_s_ref[pl].to(dev),
+                              delta=ro.delta[pl].to(dev))
+            loss, metrics = loss_fn(batch, cfg, counts)
+            policy.backward(loss)
+            policy.step()
+            stats.add_all(metrics)
+            tokens_here = mask.sum().item()
+            stats.add("entropy", masked_sum_f(ent, mask), tokens_here)
+            if ref is not None:
+                stats.add("kl", masked_sum_f(batch.old_logp - ref, mask), tokens_here)
 
 
 def masked_sum_f(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -447,7 +388,7 @@ def merge_informative(ro: rb.Rollout, extra: rb.Rollout, keep: torch.Tensor, kee
     return rb.concat_rows(rows, pad_id)
 
 
-def rollout_metrics(ro: rb.Rollout, stats: Sums, G: int) -> None:
+def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
     n = float(len(ro))
     stats.add("reward", float(ro.scores.sum()), n)
     stats.add("reward_sq", float((ro.scores ** 2).sum()), n)
@@ -472,7 +413,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
     a, t = cfg.algo, cfg.train
     steps_per_rollout = a.updates_per_rollout * a.minibatches_per_rollout
     total_rollouts = t.max_steps // steps_per_rollout
-    rollouts_per_iteration = total_rollouts // a.iterations
+    iterations = cfg.iterative.iterations
+    rollouts_per_iteration = total_rollouts // iterations
     companions = {"critic": stage.critic} if stage.critic is not None else None
     resumed = common.resume_state(ctx, stage.policy, companions)
     start_step = int(resumed.get("step", 0))
@@ -480,12 +422,12 @@ def run(cfg, ctx: common.StageContext) -> dict:
         stage.kl_coef = float(resumed["kl_coef"])
         if stage.kl_ctl is not None:
             stage.kl_ctl.value = stage.kl_coef
-    if start_step and a.iterations > 1:  # the reward models and reference of the iteration resumed into
+    if start_step and iterations > 1:  # the reward models and reference of the iteration resumed into
         iterative.restore(stage, (start_step // steps_per_rollout - 1) // rollouts_per_iteration,
                           resumed.get("samples_log", []))
         common.set_rng_state(resumed["rng"])  # loading those models may have drawn random numbers
     tracker = common.Tracker(ctx.run_dir, cfg, ctx.info.is_main, t.max_steps, start_step)
-    stats, times = Sums(), {"rollout": 0.0, "prepare": 0.0, "update": 0.0}
+    stats, times = common.Sums(), {"rollout": 0.0, "prepare": 0.0, "update": 0.0}
     summary: dict = {}
     if start_step == 0 and a.eval_every:
         tracker.log(0, stage.greedy_accuracy())
@@ -504,8 +446,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
         stage.update(ro, stats, r)
         stage.adapt_kl(ro)
         times["update"] += time.time() - tic
-        rollout_metrics(ro, stats, a.samples_per_prompt)
-        if a.iterations > 1:
+        rollout_metrics(ro, stats, cfg.rollout.samples_per_prompt)
+        if iterations > 1:
             stage.samples_log.extend(iterative.sample_records(ro))
         done = (r + 1) * steps_per_rollout
         tracker.advance(steps_per_rollout)
@@ -518,10 +460,10 @@ def run(cfg, ctx: common.StageContext) -> dict:
             if a.eval_every and done % a.eval_every == 0 and done != t.max_steps:
                 summary.update(stage.greedy_accuracy())
             tracker.log(done, summary)
-            stats, times = Sums(), {k: 0.0 for k in times}
+            stats, times = common.Sums(), {k: 0.0 for k in times}
         if t.save_every and done % t.save_every == 0 and done != t.max_steps:
             client = {"step": done, "rng": common.rng_state(), "kl_coef": stage.kl_coef}
-            if a.iterations > 1:  # this iteration's samples so far: what the reward models retrain on
+            if iterations > 1:  # this iteration's samples so far: what the reward models retrain on
                 client["samples_log"] = stage.samples_log
             stage.policy.save_checkpoint(ctx.ckpt_root, done, client, t.keep_checkpoints, companions)
     final_eval = stage.greedy_accuracy()

@@ -8,7 +8,6 @@ all ranks), so the update is the same whatever the micro-batch size or number of
 """
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from rlft import handoff
@@ -51,22 +50,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
     test = inputs.sft_examples(cfg, tokenizer, "test")[:256]
     engine = Engine(cfg, model)
 
-    def held_out_loss() -> dict:
-        engine.ds.eval()
-        nll = tokens = 0.0
-        shard = test[ctx.info.rank::ctx.info.world_size]
-        with torch.no_grad():
-            for i in range(0, len(shard), cfg.train.micro_batch_per_device):
-                _, stats = sft_loss(engine, shard[i:i + cfg.train.micro_batch_per_device], 1.0, tokenizer.pad_token_id)
-                nll += stats["loss"][0]
-                tokens += stats["loss"][1]
-        engine.ds.train()
-        nll, tokens = dist.all_reduce_sum([nll, tokens])
-        return {"eval_loss": nll / max(tokens, 1.0)}
-
-    summary = common.supervised_loop(
-        ctx, engine, train, response_token_count,
-        lambda eng, exs, denom: sft_loss(eng, exs, denom, tokenizer.pad_token_id),
-        evaluate=held_out_loss if test else None)
+    loss_fn = lambda eng, exs, denom: sft_loss(eng, exs, denom, tokenizer.pad_token_id)  # noqa: E731
+    evaluate = (lambda: common.held_out(engine, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
+    summary = common.supervised_loop(ctx, engine, train, response_token_count, loss_fn, evaluate=evaluate)
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary

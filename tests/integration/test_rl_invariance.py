@@ -49,6 +49,7 @@ from rlft.engine import Engine, dist
 from rlft.models import load_model
 from rlft.rollout import batch as rb
 from rlft.stages import rl
+from rlft.stages.common import Sums
 
 P, G = 4, 4
 PROMPTS = ["Q: 1+2?\nA:\n", "Q: 12-5+3?\nA:\n", "Q: 7*3?\nA:\n", "Q: 40-1-2-3?\nA:\n"]
@@ -69,7 +70,7 @@ register_schemas()
 def make_cfg(case):
     overrides = ["algo=grpo", *TINY, "engine.device=cpu", "engine.backend=gloo",
                  f"engine.zero_stage={case['zero']}", f"engine.nproc_per_node={world}",
-                 f"algo.prompts_per_step={P}", f"algo.samples_per_prompt={G}", "rollout.max_new_tokens=16",
+                 f"rollout.prompts_per_step={P}", f"rollout.samples_per_prompt={G}", "rollout.max_new_tokens=16",
                  "algo.kl_coef=0.04", f"algo.loss_agg={case['agg']}", f"train.micro_batch_per_device={case['micro']}",
                  f"algo.updates_per_rollout={case.get('mu', 1)}",
                  f"algo.minibatches_per_rollout={case.get('minibatches', 1)}",
@@ -146,7 +147,7 @@ for case in cases:
         assert ro.ref_logp is not None
         reuse = case.get("mu", 1) > 1 or case.get("minibatches", 1) > 1
         assert (ro.old_logp is not None) == reuse
-        stats = rl.Sums()
+        stats = Sums()
         rl.update_policy(policy, ref, cfg.algo, cfg.rollout, cfg.train.micro_batch_per_device, ro, stats)
         denom = rl.global_denominator(ro.mask, cfg.rollout.max_new_tokens)
         metrics = stats.reduce()

@@ -22,12 +22,12 @@ from rl_helpers import RL_SMALL, changed_tensors, make_parents, rl_cli
 pytestmark = pytest.mark.slow
 
 RUN = "rs"
-PPO = ["algo=ppo", "algo.samples_per_prompt=1", "algo.prompts_per_step=8", "train.micro_batch_per_device=2",
+PPO = ["algo=ppo", "rollout.samples_per_prompt=1", "rollout.prompts_per_step=8", "train.micro_batch_per_device=2",
        "rollout.max_new_tokens=16", "algo.eval_every=0", "algo.adaptive_kl=true", "algo.kl_target=0.01",
-       "algo.kl_horizon=100", "train.max_steps=8", "train.save_every=4", "train.lr=1e-3", "algo.critic_lr=1e-3",
+       "algo.kl_horizon=100", "train.max_steps=8", "train.save_every=4", "train.lr=1e-3", "critic.lr=1e-3",
        "reward.functions=[rl_user_reward:alternate]"]
-ITER = ["algo=grpo", *RL_SMALL, "algo.iterations=2", "reward=prm", "train.max_steps=4", "train.save_every=1",
-        "train.lr=1e-3", "algo.rm_steps_per_iteration=2", "algo.eval_every=0"]
+ITER = ["algo=grpo", *RL_SMALL, "iterative.iterations=2", "reward=prm", "train.max_steps=4", "train.save_every=1",
+        "train.lr=1e-3", "iterative.rm_steps=2", "algo.eval_every=0"]
 
 
 @pytest.fixture(scope="module")

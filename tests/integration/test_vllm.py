@@ -225,7 +225,7 @@ def test_offline_rft_and_eval_sample_through_vllm(sft, tmp_path):
     other in one process)."""
     work = copy_parents(sft, tmp_path)
     proc = cli(work, "train", "algo=rft", f"run.name={RUN}", "rollout.engine=vllm", "algo.num_prompts=8",
-               "algo.samples_per_prompt=2", "rollout.max_new_tokens=16", "train.max_steps=2", "train.batch_size=4",
+               "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16", "train.max_steps=2", "train.batch_size=4",
                "train.micro_batch_per_device=4", "train.save_every=0", f"reward.functions=[{USER_REWARD}:always_one]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rollout engine: vllm (colocated, CPU" in proc.stdout
@@ -252,7 +252,7 @@ def test_grpo_learns_through_vllm_as_through_hf(sft, tmp_path):
         for seed in (0, 1, 2):
             out = work / "runs" / RUN / f"grpo_{engine}_{seed}"
             proc = cli(work, "train", "algo=grpo", f"run.name={RUN}", f"run.dir={out}", f"seed={seed}",
-                       f"rollout.engine={engine}", "algo.prompts_per_step=8", "algo.samples_per_prompt=4",
+                       f"rollout.engine={engine}", "rollout.prompts_per_step=8", "rollout.samples_per_prompt=4",
                        "rollout.max_new_tokens=24", "algo.eval_problems=8", "train.micro_batch_per_device=16",
                        "train.log_every=1", "train.save_every=0", "train.max_steps=16", "train.lr=1e-2",
                        f"reward.functions=[{USER_REWARD}:share_of_sevens]")

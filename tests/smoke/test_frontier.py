@@ -16,7 +16,7 @@ ARGS = ["--run", "fr", "--algos", "grpo,p3o", "--betas", "grpo=0.01,0.5", "--bet
         "--eval-problems", "4", "--policy-samples", "2",
         "--parent-arg", "train.max_steps=3", "--parent-arg", "train.batch_size=8",
         "--parent-arg", "train.micro_batch_per_device=8",
-        "--rl-arg", "algo.prompts_per_step=2", "--rl-arg", "algo.samples_per_prompt=4",
+        "--rl-arg", "rollout.prompts_per_step=2", "--rl-arg", "rollout.samples_per_prompt=4",
         "--rl-arg", "rollout.max_new_tokens=12", "--rl-arg", "train.micro_batch_per_device=4",
         "--rl-arg", "algo.minibatches_per_rollout=1", "--rl-arg", "algo.updates_per_rollout=1",
         "--rl-arg", "algo.eval_every=0", "--rl-arg", "algo.eval_problems=4", "--rl-arg", "rollout.batch_size=8",

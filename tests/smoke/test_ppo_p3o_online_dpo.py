@@ -11,8 +11,8 @@ from rl_helpers import RL_SMALL, USER_REWARD, changed_tensors, make_parents, rl_
 def test_ppo_value_loss_falls_and_policy_moves(tmp_path):
     make_parents(tmp_path, "p", ("sft", "rm"))
     proc = rl_cli(tmp_path, "train", "algo=ppo", "run.name=p", "train.max_steps=16", *RL_SMALL,
-                  "algo.samples_per_prompt=1", "algo.prompts_per_step=8", "algo.updates_per_rollout=2",
-                  "algo.minibatches_per_rollout=2", "train.micro_batch_per_device=4", "algo.critic_lr=1e-3",
+                  "rollout.samples_per_prompt=1", "rollout.prompts_per_step=8", "algo.updates_per_rollout=2",
+                  "algo.minibatches_per_rollout=2", "train.micro_batch_per_device=4", "critic.lr=1e-3",
                   f"reward.functions=[{USER_REWARD}:alternate]")
     check_ok(proc)
     out = stage_dir(tmp_path, "p", "ppo")
@@ -30,8 +30,8 @@ def test_ppo_value_loss_falls_and_policy_moves(tmp_path):
     assert critic.score.weight.shape[0] == 1
 
 
-def test_ppo_requires_gae(tmp_path):
-    proc = rl_cli(tmp_path, "train", "algo=ppo", "run.name=p", "algo.advantage=grpo", "algo.samples_per_prompt=2",
+def test_ppo_refuses_an_advantage_that_ignores_its_kl_in_the_reward(tmp_path):
+    proc = rl_cli(tmp_path, "train", "algo=ppo", "run.name=p", "algo.advantage=grpo", "rollout.samples_per_prompt=2",
                   timeout=120)
     assert "algo.advantage=gae" in one_line_error(proc)
 
@@ -41,8 +41,8 @@ def test_p3o_both_clip_modes_run(tmp_path):
     sft = load_safetensors(stage_dir(tmp_path, "q", "sft") / "final" / "model.safetensors")
     for mode in ("joint", "separate"):
         proc = rl_cli(tmp_path, "train", "algo=p3o", "run.name=q", f"run.dir=runs/q/p3o_{mode}", "train.max_steps=4",
-                      *RL_SMALL, "algo.samples_per_prompt=2", "algo.prompts_per_step=4",
-                      "train.micro_batch_per_device=4", f"algo.p3o_clip_mode={mode}",
+                      *RL_SMALL, "rollout.samples_per_prompt=2", "rollout.prompts_per_step=4",
+                      "train.micro_batch_per_device=4", f"algo.pairwise_loss=p3o_{mode}",
                       f"reward.functions=[{USER_REWARD}:alternate]")
         check_ok(proc)
         out = tmp_path / "runs" / "q" / f"p3o_{mode}"
@@ -55,14 +55,14 @@ def test_p3o_both_clip_modes_run(tmp_path):
 def test_online_dpo_keeps_untied_pairs(tmp_path):
     make_parents(tmp_path, "o", ("sft",))
     proc = rl_cli(tmp_path, "train", "algo=online_dpo", "run.name=o", "train.max_steps=2", *RL_SMALL,
-                  "algo.samples_per_prompt=2", "algo.prompts_per_step=4", "train.micro_batch_per_device=4",
+                  "rollout.samples_per_prompt=2", "rollout.prompts_per_step=4", "train.micro_batch_per_device=4",
                   f"reward.functions=[{USER_REWARD}:alternate]")
     check_ok(proc)
     records = train_records(stage_dir(tmp_path, "o", "online_dpo") / "metrics.jsonl", "dpo_loss")
     assert records[0]["pairs_kept"] == 1.0  # alternate rewards: no ties
     assert abs(records[0]["dpo_loss"] - math.log(2)) < 1e-4  # policy == reference at the first step
     tied = rl_cli(tmp_path, "train", "algo=online_dpo", "run.name=o", "run.dir=runs/o/tied", "train.max_steps=2",
-                  *RL_SMALL, "algo.samples_per_prompt=2", "algo.prompts_per_step=4", "train.micro_batch_per_device=4",
+                  *RL_SMALL, "rollout.samples_per_prompt=2", "rollout.prompts_per_step=4", "train.micro_batch_per_device=4",
                   f"reward.functions=[{USER_REWARD}:always_one]")
     check_ok(tied)
     records = train_records(tmp_path / "runs" / "o" / "tied" / "metrics.jsonl", "pairs_kept")

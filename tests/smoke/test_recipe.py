@@ -61,7 +61,7 @@ def test_recipe_sft_then_grpo_then_eval_on_a_tiny_qwen2(tmp_path):
     check_ok(run_cli(tmp_path, "train", "experiment=qwen_gsm8k_sft", f"model.path={model}", *run,
                      "train.max_steps=2", "train.batch_size=8", "train.micro_batch_per_device=4"))
     check_ok(run_cli(tmp_path, "train", "experiment=qwen_gsm8k_grpo", *run, "train.max_steps=2",
-                     "algo.prompts_per_step=2", "algo.samples_per_prompt=4", "rollout.max_new_tokens=16",
+                     "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=16",
                      "rollout.batch_size=8", "algo.eval_every=0", "algo.eval_problems=4",
                      "train.micro_batch_per_device=8", f"reward.functions=[{USER_REWARD}:alternate]",
                      timeout=600, env=rl_env()))

@@ -111,8 +111,8 @@ def test_grpo_process_supervision_with_the_prm(work):
 def test_iterative_grpo_retrains_the_prm_and_resets_the_reference(work):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    train(work, "algo=grpo", "algo.iterations=2", "reward=prm", "train.max_steps=2", "train.lr=1e-3",
-          "algo.rm_steps_per_iteration=2", timeout=400)
+    train(work, "algo=grpo", "iterative.iterations=2", "reward=prm", "train.max_steps=2", "train.lr=1e-3",
+          "iterative.rm_steps=2", timeout=400)
     recs = check_rl_metrics(work, "grpo", 2, kl=True)
     assert [r["iteration"] for r in recs] == [0, 1]
     assert_finite(r["reward/prm"] for r in recs)
@@ -131,7 +131,7 @@ def test_iterative_grpo_retrains_the_prm_and_resets_the_reference(work):
 
 @pytest.mark.slow
 def test_grpo_with_the_rm_and_dynamic_sampling(work):
-    train(work, "algo=grpo", "reward=rm", "algo.dynamic_sampling=true", "train.max_steps=2", "train.lr=1e-3")
+    train(work, "algo=grpo", "reward=rm", "rollout.dynamic_sampling=true", "train.max_steps=2", "train.lr=1e-3")
     recs = check_rl_metrics(work, "grpo", 2, kl=True)
     assert_finite(r["reward/rm"] for r in recs)
     assert all(r["reward_std"] > 0 for r in recs)  # RM scores are continuous
@@ -144,7 +144,7 @@ def expected_zero_std(cfg, rollout: int, rounds: int) -> tuple[float, float]:
     from rlft.stages import common, inputs
 
     rows = inputs.qa_rows(cfg, "train")
-    P = cfg.algo.prompts_per_step
+    P = cfg.rollout.prompts_per_step
 
     def prompts(offset):
         return [rows[i]["prompt"] for i in common.step_indices(rollout, P, len(rows), cfg.seed + offset)]
@@ -169,7 +169,7 @@ def test_dynamic_sampling_refills_all_equal_groups(work):
 
     # half_flat gives zero std to prompts with an even character sum; refills replace their groups
     train(work, "algo=grpo", f"reward.functions=[{USER_REWARD}:half_flat]", "train.max_steps=2", "algo.kl_coef=0",
-          "algo.dynamic_sampling=true", "algo.max_sampling_rounds=4")
+          "rollout.dynamic_sampling=true", "rollout.max_sampling_rounds=4")
     out = stage_dir(work, RUN, "grpo")
     cfg = OmegaConf.load(out / "config.yaml")
     recs = check_rl_metrics(work, "grpo", 2, kl=False)
@@ -216,7 +216,7 @@ def test_online_rft(work):
 @pytest.mark.slow
 def test_offline_rft_keeps_samples_of_a_user_reward(work):
     train(work, "algo=rft", f"reward.functions=[{USER_REWARD}:always_one]", "algo.num_prompts=16",
-          "algo.samples_per_prompt=4", "rollout.max_new_tokens=64", "train.max_steps=2", "train.batch_size=8",
+          "rollout.samples_per_prompt=4", "rollout.max_new_tokens=64", "train.max_steps=2", "train.batch_size=8",
           "train.micro_batch_per_device=8", "train.lr=1e-3", "train.log_every=1", rollout=False)
     out = stage_dir(work, RUN, "rft")
     manifest = check_outputs(work, "rft", all_changed=False)
@@ -232,8 +232,8 @@ def test_offline_rft_keeps_samples_of_a_user_reward(work):
 
 # ----------------------------------------------------------------------------- config errors
 def test_group_of_one_is_rejected(tmp_path):
-    line = one_line_error(run_cli(tmp_path, "train", "algo=grpo", "algo.samples_per_prompt=1", *TINY, timeout=120))
-    assert "algo.samples_per_prompt=1" in line and "at least 2" in line
+    line = one_line_error(run_cli(tmp_path, "train", "algo=grpo", "rollout.samples_per_prompt=1", *TINY, timeout=120))
+    assert "rollout.samples_per_prompt=1" in line and "at least 2" in line
     assert not (tmp_path / "runs").exists()
 
 
@@ -248,11 +248,12 @@ def test_unknown_advantage_lists_the_estimators(tmp_path):
 # Schedules that cannot be honoured are rejected up front with a one-line error.
 @pytest.mark.slow
 @pytest.mark.parametrize("args, names", [
-    pytest.param(["algo.iterations=2", "train.max_steps=2", "algo.updates_per_rollout=2"],
-                 ["algo.iterations", "algo.updates_per_rollout"], id="iterations-longer-than-run"),
+    pytest.param(["iterative.iterations=2", "train.max_steps=2", "algo.updates_per_rollout=2"],
+                 ["iterative.iterations", "algo.updates_per_rollout"], id="iterations-longer-than-run"),
     pytest.param(["train.max_steps=3", "algo.updates_per_rollout=2"], ["train.max_steps", "algo.updates_per_rollout"],
                  id="max-steps-not-multiple"),
-    pytest.param(["algo.advantage=gae"], ["algo.advantage", "gae"], id="gae-needs-a-critic"),
+    pytest.param(["algo.kl_in=reward"], ["algo.kl_in=reward", "algo.advantage=grpo", "gae"],
+                 id="kl-in-reward-needs-an-estimator-that-reads-it"),
 ])
 def test_inconsistent_rl_schedules_are_config_errors(tmp_path, args, names):
     proc = rl_cli(tmp_path, "train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, *args, timeout=120)

@@ -6,12 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlft.algos import P3O_LOSSES, AggDenominator, P3OConfig, p3o_aggregate, p3o_pair_indices, p3o_reward_delta
+from rlft.algos import (PairCounts, PairLossConfig, p3o_aggregate, p3o_joint, p3o_pair_indices, p3o_reward_delta,
+                        p3o_separate, p3o_separate_tokenwise)
+
+P3O = {"joint": p3o_joint, "separate": p3o_separate, "separate_tokenwise": p3o_separate_tokenwise}
 
 V = json.loads((Path(__file__).resolve().parents[1] / "data" / "algorithms_vectors.json").read_text())
 T7 = V["T7_p3o"]
 TOL = dict(atol=1e-6, rtol=0)
-CFG = P3OConfig(eps=T7["common"]["eps"], c=T7["common"]["c"], kl_coef=T7["common"]["beta"])
+CFG = PairLossConfig(eps=T7["common"]["eps"], c=T7["common"]["c"], kl_coef=T7["common"]["beta"])
 
 
 def t(x, grad=False):
@@ -50,7 +53,7 @@ def test_t7_p3o_loss_and_sequence_gradients(name, mode, key):
     delta = delta_for(name)
     torch.testing.assert_close(delta, t([case["Delta"]]), **TOL)
     s1, old1, mask, s2, old2, _ = seq_pair({**case, **CASES[name]})
-    loss, metrics = P3O_LOSSES.get(mode)(s1, old1, mask, s2, old2, mask, delta, CFG)
+    loss, metrics = P3O[mode](s1, old1, mask, s2, old2, mask, delta, CFG)
     exp = case[key]
     torch.testing.assert_close(loss, t([exp["loss"]]), **TOL)
     loss.sum().backward()
@@ -68,7 +71,7 @@ def test_t7_reward_shift_invariance_and_mirror_symmetry():
         out = {}
         for name in ("caseB_outside", "caseB_swapped_labels"):
             s1, old1, mask, s2, old2, _ = seq_pair({**T7[name], **CASES[name]})
-            loss, _ = P3O_LOSSES.get(mode)(s1, old1, mask, s2, old2, mask, delta_for(name), CFG)
+            loss, _ = P3O[mode](s1, old1, mask, s2, old2, mask, delta_for(name), CFG)
             loss.sum().backward()
             out[name] = (loss.item(), s1.grad.item(), s2.grad.item())
         # labels swapped: same loss, gradients trade places
@@ -88,7 +91,7 @@ def test_token_level_inputs_match_sequence_inputs(mode):
     old2 = t([[-6.0, -12.0 + 6.0, 0.0, 0.0]])
     mask1 = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
     mask2 = torch.tensor([[1, 1, 0, 0]], dtype=torch.bool)
-    loss, _ = P3O_LOSSES.get(mode)(logp1, old1, mask1, logp2, old2, mask2, delta_for("caseA_inside"), CFG)
+    loss, _ = P3O[mode](logp1, old1, mask1, logp2, old2, mask2, delta_for("caseA_inside"), CFG)
     key = "V2_joint" if mode == "joint" else "V1_separate"
     torch.testing.assert_close(loss, t([case[key]["loss"]]), **TOL)
     loss.sum().backward()
@@ -107,7 +110,7 @@ def test_separate_tokenwise_clips_per_token():
     logp2, old2 = t([[-0.55, -3.0, 0.0]], grad=True), t([[-0.5, -3.0, 0.0]])
     mask1 = torch.ones(1, 2, dtype=torch.bool)
     mask2 = torch.tensor([[1, 1, 0]], dtype=torch.bool)
-    loss, metrics = P3O_LOSSES.get("separate_tokenwise")(logp1, old1, mask1, logp2, old2, mask2, delta, CFG)
+    loss, metrics = p3o_separate_tokenwise(logp1, old1, mask1, logp2, old2, mask2, delta, CFG)
     omega = -0.95 * 1.16183424
     # value: y1 max(omega*-1, omega*-1.1) + omega*-2 ; y2: -omega*-0.55 - omega*-3
     expected = (omega * -1.1) + omega * -2.0 + omega * 0.55 + omega * 3.0
@@ -117,18 +120,17 @@ def test_separate_tokenwise_clips_per_token():
     torch.testing.assert_close(logp1.grad, t([[0.0, omega]]), **TOL)
     torch.testing.assert_close(logp2.grad, t([[-omega, -omega, 0.0]]), **TOL)
     # aggregation: separate_tokenwise divides by the 4 valid tokens of both responses
-    denom = AggDenominator(num_seqs=1.0, num_tokens=4.0, max_len=3.0)
-    cfg = P3OConfig(clip_mode="separate_tokenwise")
-    assert p3o_aggregate(loss, cfg, denom).item() == pytest.approx(expected / 4, abs=1e-6)
+    counts = PairCounts(pairs=1.0, tokens=4.0)
+    assert p3o_aggregate(loss, counts, tokenwise=True).item() == pytest.approx(expected / 4, abs=1e-6)
 
 
 def test_p3o_aggregate_means_over_pairs_and_adds_up_over_micro_batches():
     loss = t([0.3, -0.1, 0.7])
-    denom = AggDenominator(num_seqs=3.0, num_tokens=12.0, max_len=3.0)  # 3 pairs, 12 tokens of both responses
-    assert p3o_aggregate(loss, P3OConfig(), denom).item() == pytest.approx(0.9 / 3)
+    counts = PairCounts(pairs=3.0, tokens=12.0)  # 3 pairs, 12 tokens of both responses
+    assert p3o_aggregate(loss, counts).item() == pytest.approx(0.9 / 3)
     # the authors' token average: the per-pair losses' 1/2 is undone (2 x 0.9 over 12 tokens)
-    assert p3o_aggregate(loss, P3OConfig(avg_tokenwise=True), denom).item() == pytest.approx(2 * 0.9 / 12)
-    parts = p3o_aggregate(loss[:1], P3OConfig(), denom) + p3o_aggregate(loss[1:], P3OConfig(), denom)
+    assert p3o_aggregate(loss, counts, avg_tokenwise=True).item() == pytest.approx(2 * 0.9 / 12)
+    parts = p3o_aggregate(loss[:1], counts) + p3o_aggregate(loss[1:], counts)
     assert parts.item() == pytest.approx(0.9 / 3)
 
 

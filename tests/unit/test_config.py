@@ -13,7 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from rlft import config as rc
-from rlft.overrides import GROUP_KEYS, conf_dir, group_options
+from rlft.overrides import GROUP_KEYS, algo_kind, conf_dir, group_options
 
 # Options whose YAML leaves a mandatory value (???) for the user to fill.
 REQUIRED_FILL = {
@@ -74,11 +74,13 @@ def test_every_group_option_composes_and_validates(group, option):
         assert cfg.engine.zero_stage == int(option[len("zero"):])
 
 
-@pytest.mark.parametrize("algo", sorted(rc.ALGO_SCHEMAS))
+@pytest.mark.parametrize("algo", group_options("algo"))
 def test_algo_yaml_is_typed_by_its_schema(algo):
-    """algo=<name> composes into that algorithm's dataclass (so its keys are type-checked)."""
+    """algo=<preset> composes into its loop's dataclass (so its keys are type-checked)."""
     cfg = _compose([f"algo={algo}"])
-    schema_keys = {f.name for f in dataclasses.fields(rc.ALGO_SCHEMAS[algo])}
+    kind = algo_kind(algo)
+    assert cfg.algo.kind == kind and rc.algo_spec(cfg.algo) is rc.ALGOS[kind]
+    schema_keys = {f.name for f in dataclasses.fields(rc.ALGO_SCHEMAS[kind])}
     assert set(cfg.algo.keys()) == schema_keys
     with pytest.raises(Exception):  # struct mode: an unknown algo key is rejected by Hydra too
         _compose([f"algo={algo}", "algo.no_such_key=1"])
@@ -125,19 +127,40 @@ def test_other_value_errors_are_one_line():
     _one_line_error(["train.max_steps=0"], "train.max_steps=0")
     _one_line_error(["engine.nnodes=2", "engine.node_rank=2", "engine.master_port=29500"], "engine.node_rank=2")
     _one_line_error(["engine.nnodes=2"], "engine.master_port=0")
-    _one_line_error(["train.lr_schedule=step"], "train.lr_schedule", "cosine")
+
+
+def test_fixed_choices_are_checked_by_omegaconf():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as info:
+        _compose(["train.lr_schedule=step"])
+    assert "expected one of [cosine, linear, constant]" in str(info.value.__cause__)
+    cfg = _compose(["train.lr_schedule=linear"])
+    assert cfg.train.lr_schedule == "linear" and f"{cfg.train.lr_schedule}" == "linear"
+
+
+def test_options_the_run_never_reads_are_refused():
+    _one_line_error(["algo=grpo", "critic.lr=0.1"], "critic.lr=0.1", "trains no critic")
+    _one_line_error(["algo=ppo", "pairwise.c=3"], "pairwise.c=3", "pairwise_loss=None")
+    _one_line_error(["algo=p3o", "pairwise.beta=0.3"], "pairwise.beta=0.3", "p3o_joint")
+    _one_line_error(["algo=online_dpo", "algo.kl_coef=0.1"], "algo.kl_coef=0.1", "pairwise.beta")
+    _one_line_error(["algo=p3o", "algo.advantage=rloo"], "algo.advantage=rloo", "pairwise update")
+    _one_line_error(["algo=grpo", "iterative.rm_steps=3"], "iterative.rm_steps=3", "iterations > 1")
+    _one_line_error(["algo=sft", "critic.gamma=0.9"], "critic.gamma=0.9")
+    rc.validate(_compose(["algo=grpo", "iterative.iterations=2", "iterative.rm_steps=3", "train.max_steps=20"]))
+    rc.validate(_compose(["algo=p3o", "algo.pairwise_loss=p3o_separate", "pairwise.kl_at=current"]))
+    rc.validate(_compose(["algo=grpo", "algo.advantage=gae", "rollout.samples_per_prompt=2", "critic.lr=1e-3"]))
 
 
 def test_rollout_errors_are_one_line():
     _one_line_error(["rollout.engine=sglang"], "rollout.engine='sglang'", "auto, hf, vllm")
     _one_line_error(["rollout.is_correction=clip"], "rollout.is_correction='clip'", "auto, mis, none, tis")
-    _one_line_error(["rollout.is_level=step"], "rollout.is_level", "token, sequence")
     _one_line_error(["rollout.is_cap=1.0"], "rollout.is_cap=1.0", "above 1")
     _one_line_error(["rollout.vllm.sleep_level=3"], "rollout.vllm.sleep_level=3", "1, 2")
 
 
 def test_describe_keys_documents_every_key():
-    for algo in sorted(rc.ALGO_SCHEMAS):
+    for algo in rc.ALGO_SCHEMAS:
         rows = rc.describe_keys(None, algo)
         assert len(rows) > 40
         keys = [k for k, _, _ in rows]

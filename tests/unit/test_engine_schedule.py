@@ -1,9 +1,10 @@
 """The learning-rate schedule and the deterministic data order (pure functions, no process group).
 
-lr_multiplier(step, warmup, total, schedule, min_ratio) is the factor on train.lr used by
-optimizer step `step` (0-based): (step+1)/warmup during warm-up, then decay from 1 to min_ratio
-over the remaining total-warmup steps. Worked values (warmup=4, total=14, min_ratio=0.1):
-    warm-up   steps 0..3 -> 0.25, 0.5, 0.75, 1.0
+lr(step) / train.lr for optimizer step `step` (0-based), from transformers' warmup-stable-decay
+schedule as rlft configures it (make_scheduler): linear warm-up from min_ratio to 1 over `warmup`
+steps, then decay from 1 to min_ratio over the remaining total-warmup steps (or constant 1).
+Worked values (warmup=4, total=14, min_ratio=0.1):
+    warm-up   steps 0..3 -> 0.1 + 0.9 * step / 4 = 0.1, 0.325, 0.55, 0.775
     progress  p = (step - 4) / 10, so step 9 -> p=0.5, step 14 -> p=1
     cosine    0.1 + 0.9 * 0.5 * (1 + cos(pi p)): step 4 -> 1.0, step 9 -> 0.55, step 14 -> 0.1
     linear    1 - 0.9 p:                           step 4 -> 1.0, step 9 -> 0.55, step 11 -> 0.37
@@ -12,18 +13,28 @@ over the remaining total-warmup steps. Worked values (warmup=4, total=14, min_ra
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from rlft.engine import lr_multiplier
+from rlft.engine import make_scheduler
 from rlft.stages.common import rank_micro_batches, step_indices
 
 W, T, M = 4, 14, 0.1
 
 
+def lr_multiplier(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """The factor on train.lr at optimizer step `step`, read from the scheduler the engine builds."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_scheduler(opt, SimpleNamespace(warmup_steps=warmup, max_steps=total, lr_schedule=schedule,
+                                                min_lr_ratio=min_ratio))
+    return sched.lr_lambdas[0](step)
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
-def test_warmup_is_linear_from_one_over_warmup(schedule):
-    assert [lr_multiplier(s, W, T, schedule, M) for s in range(W)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+def test_warmup_is_linear_from_the_min_ratio(schedule):
+    assert [lr_multiplier(s, W, T, schedule, M) for s in range(W)] == pytest.approx([0.1, 0.325, 0.55, 0.775])
 
 
 def test_cosine_values():
@@ -39,7 +50,7 @@ def test_linear_values():
 
 
 def test_constant_values():
-    assert [lr_multiplier(s, W, T, "constant", M) for s in (4, 9, 13, 100)] == [1.0, 1.0, 1.0, 1.0]
+    assert [lr_multiplier(s, W, T, "constant", M) for s in (4, 9, 13)] == [1.0, 1.0, 1.0]
 
 
 def test_no_warmup_starts_at_full_rate():
@@ -50,13 +61,13 @@ def test_no_warmup_starts_at_full_rate():
 
 
 def test_cosine_is_monotone_and_bounded():
-    values = [lr_multiplier(s, W, T, "cosine", M) for s in range(W - 1, T + 3)]
+    values = [lr_multiplier(s, W, T, "cosine", M) for s in range(W, T + 3)]
     assert all(a >= b for a, b in zip(values, values[1:]))
     assert min(values) == pytest.approx(M) and max(values) == 1.0
 
 
 def test_warmup_longer_than_training_does_not_divide_by_zero():
-    assert lr_multiplier(3, 10, 5, "cosine", 0.1) == pytest.approx(0.4)
+    assert lr_multiplier(3, 10, 5, "cosine", 0.1) == pytest.approx(0.1 + 0.9 * 3 / 5)
     assert math.isfinite(lr_multiplier(10, 10, 10, "cosine", 0.1))
 
 

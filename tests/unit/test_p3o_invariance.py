@@ -1,7 +1,7 @@
 """P3O's motivating property (docs/algorithms.md §10, Thm. 2): adding a per-prompt constant to the
 rewards leaves the P3O update unchanged, while PPO's update (GAE against a critic) changes.
 
-Both updates run through the RL loop's own functions (pair_inputs + update_pairwise,
+Both updates run through the RL loop's own functions (pair_rollout_inputs + update_pairwise,
 ADVANTAGES['gae'] + update_policy) on a fixed rollout, with a tiny model under plain SGD."""
 import copy
 from types import SimpleNamespace
@@ -9,11 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlft.algos import ADVANTAGES, AdvantageInputs
+from rlft.algos import ADVANTAGES, AdvantageInputs, pair_rollout_inputs
 from rlft.data.tokenizer import build_char_tokenizer
 from rlft.models import load_model
 from rlft.rollout import batch as rb
 from rlft.stages import rl
+from rlft.stages.common import Sums
 from rlft.stages.rl import advantage_config
 from test_rl_parts import one_rank  # noqa: F401  (a world-size-1 process group)
 
@@ -56,8 +57,9 @@ def rollout(tok, model, scores):
 
 
 def algo(**over):
-    base = dict(pairwise_loss="p3o", dpo_length_normalize=False, p3o_clip_mode="joint", clip_eps_low=0.2, clip_eps_high=0.2, dual_clip_c=None, p3o_c=10.0,
-                p3o_kl_at="old", updates_per_rollout=1, minibatches_per_rollout=1, max_new_tokens=16,
+    base = dict(pairwise_loss="p3o_joint", length_normalize=False, beta=0.1, clip_eps_low=0.2, clip_eps_high=0.2,
+                dual_clip_c=None, c=10.0, kl_at="old", avg_tokenwise=False, updates_per_rollout=1,
+                minibatches_per_rollout=1, max_new_tokens=16, samples_per_prompt=2,
                 temperature=1.0, policy_loss="ppo_clip", loss_agg="token-mean", kl_estimator="k1", kl_in="reward",
                 kl_coef=0.1, eps_adv=1e-4, std_unbiased=True, scale_by_std=True, rft_threshold=0.5, gamma=1.0,
                 lam=0.95, whiten_advantages=False)
@@ -68,21 +70,22 @@ def weights_after(update, tok, base_model, scores, **over):
     model = copy.deepcopy(base_model)
     engine = SGDEngine(model)
     ro = rollout(tok, model, scores)
-    update(engine, ro, algo(**over))  # the namespace serves as algo and rollout config
+    update(engine, ro, algo(**over))  # the namespace serves as the algo, rollout, pairwise and critic sections
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def p3o_update(engine, ro, a):
-    rl.pair_inputs(ro, 2, a.kl_coef)
-    rl.update_pairwise(engine, a, a, 4, ro, rl.Sums(), a.kl_coef)
+    ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp, ro.mask, 2,
+                                                                  a.kl_coef)
+    rl.update_pairwise(engine, a, a, a, 4, ro, Sums(), a.kl_coef)
 
 
 def ppo_update(engine, ro, a):
     ro.values = torch.full_like(ro.mask, 0.3)  # a fixed critic
     out = ADVANTAGES.get("gae")(AdvantageInputs(scores=ro.scores, mask=ro.mask, old_logp=ro.old_logp,
-                                                ref_logp=ro.ref_logp, values=ro.values), advantage_config(a, a.kl_coef))
+                                                ref_logp=ro.ref_logp, values=ro.values), advantage_config(a, a, a.kl_coef))
     ro.adv, ro.returns = out.adv.float(), out.returns
-    rl.update_policy(engine, None, a, a, 4, ro, rl.Sums(), None, a.kl_coef)
+    rl.update_policy(engine, None, a, a, 4, ro, Sums(), None, a.kl_coef)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +100,8 @@ def setup():
 def test_p3o_update_ignores_per_prompt_reward_shifts(one_rank, setup, mode):  # noqa: F811
     tok, model = setup
     start = torch.cat([p.detach().flatten() for p in model.parameters()])
-    plain = weights_after(p3o_update, tok, model, SCORES, p3o_clip_mode=mode)
-    shifted = weights_after(p3o_update, tok, model, [s + d for s, d in zip(SCORES, SHIFT)], p3o_clip_mode=mode)
+    plain = weights_after(p3o_update, tok, model, SCORES, pairwise_loss=f"p3o_{mode}")
+    shifted = weights_after(p3o_update, tok, model, [s + d for s, d in zip(SCORES, SHIFT)], pairwise_loss=f"p3o_{mode}")
     assert (plain - start).abs().max() > 1e-4  # the update did something
     assert torch.allclose(plain, shifted, atol=1e-7, rtol=0)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from rlft.algos import ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, P3O_LOSSES, POLICY_LOSSES
+from rlft.algos import ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES
 from rlft.registry import Registry, UnknownNameError
 
 
@@ -43,7 +43,7 @@ def test_algorithm_registries_expose_the_documented_names():
     ]
     assert POLICY_LOSSES.names() == ["gspo", "ppo_clip", "reinforce"]
     assert IS_CORRECTIONS.names() == ["mis", "none", "tis"]
-    assert P3O_LOSSES.names() == ["joint", "separate", "separate_tokenwise"]
+    assert PAIRWISE_LOSSES.names() == ["dpo", "p3o_joint", "p3o_separate", "p3o_separate_tokenwise"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
     assert AGGREGATIONS.names() == ["constant-norm", "seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]
     with pytest.raises(UnknownNameError, match="unknown advantage estimator 'foo'; valid: dr_grpo, gae, grpo"):

@@ -13,6 +13,7 @@ from rlft.engine import dist
 from rlft.rollout import batch as rb
 from rlft.stages import iterative, rft
 from rlft.stages import rl
+from rlft.stages.common import Sums
 
 PAD, EOS = 0, 2
 
@@ -75,7 +76,7 @@ def test_micro_batch_losses_with_the_global_denominator_add_up_to_the_batch_loss
 
 # ----------------------------------------------------------------------------- Sums and metrics
 def test_sums_reduce_to_weighted_means(one_rank):
-    s = rl.Sums()
+    s = Sums()
     s.add("kl", 3.0, 2)
     s.add("kl", 1.0, 2)
     s.add("entropy", 5.0, 10)
@@ -95,7 +96,7 @@ def test_entropy_matches_the_definition():
 
 def test_rollout_metrics(one_rank):
     ro = _rollout([1.0, 0.0, 1.0, 1.0], truncated=[True, False, False, False])
-    stats = rl.Sums()
+    stats = Sums()
     rl.rollout_metrics(ro, stats, 2)
     out = stats.reduce()
     assert out["reward"] == 0.75 and out["reward_sq"] == 0.75
@@ -190,7 +191,7 @@ def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
     ro.sampler_logp[1][0] -= 2.0
     cfg = OmegaConf.structured(Config)
     cfg.algo = OmegaConf.structured(RLConfig)
-    cfg.algo.samples_per_prompt, cfg.algo.kl_coef = 2, 0.0
+    cfg.rollout.samples_per_prompt, cfg.algo.kl_coef = 2, 0.0
     cfg.train.micro_batch_per_device = 4
     stage = SimpleNamespace(a=cfg.algo, cfg=cfg, ctx=SimpleNamespace(info=one_rank), policy=policy, ref=None,
                             critic=None, kl_coef=0.0, is_correction=correction)
