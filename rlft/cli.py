@@ -44,12 +44,16 @@ def fail(message: str, code: int = 2) -> None:
 def _user_errors() -> tuple[type, ...]:
     from rlft.config import ConfigError
     from rlft.data.loading import DataError
+    from rlft.engine import DiskFullError, NonFiniteError
     from rlft.handoff import MissingInputError
     from rlft.launch import LaunchError
     from rlft.registry import UnknownNameError
+    from rlft.rundir import RunDirError
+    from rlft.signals import Interrupted
     from rlft.stages.common import StageError
 
-    return ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError, StageError
+    return (ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError, StageError, NonFiniteError,
+            RunDirError, Interrupted, DiskFullError)
 
 
 def _train_job(cfg) -> float | None:
@@ -168,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
         _main(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:  # `rlft list keys | head`
         sys.stderr.close()
+    except KeyboardInterrupt:  # a second Ctrl-C (the first one checkpoints and stops with its own line)
+        fail("interrupted at once by a second signal; resume=true continues from the last checkpoint", 130)
 
 
 def _main(args: list[str]) -> None:

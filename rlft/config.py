@@ -45,6 +45,7 @@ Device = choices("Device", "auto cpu cuda")
 HFCache = choices("HFCache", "static dynamic")
 ISLevel = choices("ISLevel", "token sequence")
 TruncationPolicy = choices("TruncationPolicy", "keep zero_reward mask penalty")
+NonFinite = choices("NonFinite", "stop drop")
 WandbMode = choices("WandbMode", "auto online offline disabled")
 KLIn = choices("KLIn", "loss reward")
 KLAt = choices("KLAt", "old current")
@@ -96,6 +97,14 @@ class TrainConfig:
     """Write a resumable checkpoint every this many optimizer steps (0: only at the end)."""
     keep_checkpoints: int = 2
     """Resumable checkpoints kept on disk (oldest removed first)."""
+    on_nonfinite: NonFinite = NonFinite.stop
+    """A non-finite loss: stop (before the update; one-line error, nothing non-finite saved) | drop (leave the
+    micro-batches with a non-finite loss out of their optimizer step; stop when a whole step is non-finite or
+    after max_nonfinite_steps such steps in a row). Non-finite weights are never saved."""
+    save_on_signal: bool = True
+    """On SIGINT/SIGTERM, finish the optimizer step, write a checkpoint and stop (a second signal stops at once)."""
+    max_nonfinite_steps: int = 3
+    """drop: consecutive optimizer steps with dropped micro-batches before stopping."""
 
 
 @dataclass
@@ -255,6 +264,14 @@ class DataConfig:
     """Apply the tokenizer's chat template: null = when it has one."""
     max_train_rows: int = 0
     """Use at most this many training rows (0 = all)."""
+    held_out_fraction: float = 0.1
+    """A single data file (no splits): share of its rows held out as the test split (seeded, at least one row;
+    the stage says so and its manifest records it)."""
+    split_seed: int = 0
+    """Seed of that held-out split (the same for every stage, so RM, RL and eval agree on it)."""
+    allow_unverifiable: bool = False
+    """Let rows whose answer has no checkable final answer ('#### n' or \\boxed{n}) into stages that score
+    correctness (their correctness is then always 0); by default such a row is an error naming it."""
     task: TaskSpec = field(default_factory=TaskSpec)
     """Built-in task only: size and difficulty knobs of the synthetic problems (`rlft list keys data.task`)."""
 
@@ -510,13 +527,15 @@ class AlgoSpec:
     """The online RL loop: rollouts from the policy, batch derived from prompts x samples."""
     samples: bool = False
     """Samples completions and scores them with `reward.functions`."""
+    rows: str = "qa"
+    """The data rows it reads: qa (question/answer), preference (prompt/chosen/rejected), steps (step labels)."""
 
 
 ALGOS: dict[str, AlgoSpec] = {
     "sft": AlgoSpec(SFTConfig, "sft:run"),
-    "rm": AlgoSpec(RMConfig, "reward:run_rm"),
-    "prm": AlgoSpec(PRMConfig, "reward:run_prm"),
-    "dpo": AlgoSpec(DPOConfig, "dpo:run"),
+    "rm": AlgoSpec(RMConfig, "reward:run_rm", rows="preference"),
+    "prm": AlgoSpec(PRMConfig, "reward:run_prm", rows="steps"),
+    "dpo": AlgoSpec(DPOConfig, "dpo:run", rows="preference"),
     "rft": AlgoSpec(RFTConfig, "rft:run", samples=True),
     "rl": AlgoSpec(RLConfig, "rl:run", rl=True, samples=True),
 }
@@ -565,6 +584,11 @@ class Config:
     """Seed for model init, data order and sampling."""
     resume: bool = False
     """Continue from the last resumable checkpoint of this stage (same run.name)."""
+    resume_allow_changes: list = field(default_factory=list)
+    """Config keys (or section prefixes) that may differ from the checkpoint's on resume=true; others that change
+    the result (model, data, seed, algorithm, batch, lr, ...) are refused with the list of differences."""
+    overwrite: bool = False
+    """Replace a completed stage (its final/ and manifest); without it a rerun of a completed stage stops."""
     algo: Any = None
     """The algorithm and its settings (`rlft list algo`)."""
     train: TrainConfig = field(default_factory=TrainConfig)

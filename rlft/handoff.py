@@ -16,6 +16,8 @@ import os
 import time
 from pathlib import Path
 
+from rlft.engine.integrity import damage
+
 STAGE_PREFIX = "stage:"
 BUILTIN_MODEL = "builtin:tiny"
 
@@ -43,14 +45,23 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def write_jsonl_atomic(path: Path, records: list) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
+    os.replace(tmp, path)
+
+
 def read_manifest(directory: Path) -> dict | None:
     path = Path(directory) / "manifest.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def write_manifest(directory: Path, *, stage: str, parent: str, summary: dict, run_name: str) -> None:
+def write_manifest(directory: Path, *, stage: str, parent: str, summary: dict, run_name: str,
+                   data: dict | None = None) -> None:
     write_json_atomic(Path(directory) / "manifest.json", {
-        "stage": stage, "run_name": run_name, "parent": parent, "final": "final",
+        "stage": stage, "run_name": run_name, "parent": parent, "final": "final", "data": data or {},
         "summary": summary, "completed": True, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     })
 
@@ -67,11 +78,14 @@ def resolve_model_path(cfg, path: str | None = None) -> str:
         stage = path[len(STAGE_PREFIX):]
         directory = run_stage_dir(cfg, stage)
         final = directory / "final"
+        command = f"rlft train algo={stage} run.name={cfg.run.name}" + \
+            (f" run.root={cfg.run.root}" if cfg.run.root != "runs" else "")
         if not (final.is_dir() and read_manifest(directory)):
-            raise MissingInputError(
-                f"no completed '{stage}' checkpoint at {final}; make it first with: "
-                f"rlft train algo={stage} run.name={cfg.run.name}"
-                + (f" run.root={cfg.run.root}" if cfg.run.root != "runs" else ""))
+            raise MissingInputError(f"no completed '{stage}' checkpoint at {final}; make it first with: {command}")
+        problem = damage(final)
+        if problem:
+            raise MissingInputError(f"the '{stage}' model at {final} is damaged: {problem}; "
+                                    f"train it again with: {command} overwrite=true")
         return str(final)
     if path == BUILTIN_MODEL or path.startswith("builtin:"):
         if path != BUILTIN_MODEL:

@@ -9,6 +9,7 @@ what keeps `-m` sweeps and the DeepSpeed launcher from tripping over each other.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlft import handoff
+from rlft import handoff, rundir, signals
 from rlft.config import algo_spec, grad_accum_steps, trains_critic
 
 
@@ -67,9 +68,13 @@ class RankUserError(LaunchError):
 
 
 def preflight(cfg) -> None:
-    """Inputs that must exist, checked before any rank starts (one-line MissingInputError)."""
+    """What can be checked before any rank starts and before anything of the stage is removed:
+    input models (intact, complete), reward sources (user functions imported), the data (loaded
+    and mapped, so a bad row is named in seconds). One-line errors."""
     handoff.resolve_model_path(cfg)
     from rlft.algos import ADVANTAGES
+    from rlft.rewards.scoring import check_sources
+    from rlft.stages import inputs
 
     a, spec = cfg.algo, algo_spec(cfg.algo)
     functions = list(cfg.reward.functions) if spec.samples else []
@@ -79,19 +84,49 @@ def preflight(cfg) -> None:
         handoff.resolve_model_path(cfg, cfg.reward.rm_path)
     if "prm" in functions or (spec.rl and ADVANTAGES.needs(a.advantage, "step_scores")):
         handoff.resolve_model_path(cfg, cfg.reward.prm_path)
+    if spec.samples:
+        check_sources(cfg)
+    rows = inputs.rows_of(cfg, spec.rows, "train")
+    if "correctness" in functions:
+        inputs.check_verifiable(cfg, rows, f"{cfg.data.source} [train]")
+
+
+def quiet_environment() -> None:
+    """Settings that keep the console to rlft's own lines: DeepSpeed's accelerator on a machine
+    without a GPU (else it warns on every import, in every rank), wandb without its banners."""
+    import torch
+
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    os.environ.setdefault("WANDB_SILENT", "true")
 
 
 def launch_train(cfg) -> None:
     cfg = resolved(cfg)
+    quiet_environment()
     preflight(cfg)
     run_dir = Path(cfg.run.dir)
-    e = cfg.engine
-    if e.node_rank == 0:
+    if cfg.engine.node_rank != 0:  # node 0's driver holds the stage's lock
+        run_ranks(cfg, run_dir)
+        return
+    with rundir.stage_lock(run_dir):
+        rundir.check_not_completed(run_dir, cfg.resume, cfg.overwrite)
+        for path in rundir.remove_temporaries(run_dir):
+            print(f"[rlft] removed {path}, left by an interrupted writer", flush=True)
         write_config(cfg, run_dir / "config.yaml")
+        run_ranks(cfg, run_dir)
+
+
+def run_ranks(cfg, run_dir: Path) -> None:
+    e, t = cfg.engine, cfg.train
     print(f"[rlft] {cfg.algo.name} -> {run_dir}\n[rlft] {batch_arithmetic(cfg)}", flush=True)
+    if t.warmup_steps >= t.max_steps:
+        print(f"[rlft] note: train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the "
+              f"learning rate reaches train.lr={t.lr:g} only at the last step (lower train.warmup_steps)", flush=True)
     if e.nproc_per_node * e.nnodes == 1:
         from rlft.worker import run_stage
 
+        signals.install()  # SIGINT/SIGTERM: checkpoint after the current step, then a one-line stop
         run_stage(cfg)
         return
     with tempfile.TemporaryDirectory(prefix="rlft-launch-") as tmp:
@@ -100,12 +135,50 @@ def launch_train(cfg) -> None:
         cmd = rank_command(cfg, cfg_path)
         error_file = Path(tmp) / "error.txt"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFT_ERROR_FILE": str(error_file)}
-        code = subprocess.call(cmd, env=env)
+        code = run_launcher(cmd, env)
         user_error = error_file.read_text() if error_file.exists() else None
     if user_error:
         raise RankUserError(user_error)
     if code != 0:
-        raise LaunchError(f"training ranks exited with code {code} (command: {' '.join(cmd)}); see the log above")
+        raise LaunchError(f"training ranks {exit_reason(code)} (command: {' '.join(cmd)}); see the log above")
+
+
+def exit_reason(code: int) -> str:
+    """'exited with code N' or 'were killed by SIGNAME'."""
+    if code < 0:
+        return f"were killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def children(pid: int) -> list[int]:
+    """The direct child processes of `pid` (Linux /proc; [] where it cannot tell)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def run_launcher(cmd: list[str], env: dict) -> int:
+    """Run the rank launcher in its own session (a terminal's Ctrl-C reaches only this driver) with
+    the kernel told to SIGTERM it if the driver dies; SIGINT/SIGTERM to the driver are forwarded as
+    one SIGTERM (the ranks then checkpoint and stop), and the driver waits for it."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=signals.die_with_parent)
+    forwarded = []
+
+    def forward(signum, frame):
+        if not forwarded:  # to the ranks themselves (the launcher would answer with a traceback)
+            forwarded.append(signum)
+            for pid in children(proc.pid) or [proc.pid]:
+                os.kill(pid, signal.SIGTERM)
+        else:  # a second signal: stop the ranks now
+            proc.kill()
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def rank_command(cfg, cfg_path: Path) -> list[str]:

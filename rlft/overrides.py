@@ -31,13 +31,22 @@ def group_options(group: str) -> list[str]:
 
 
 def option_description(group: str, option: str) -> str:
-    """The first comment line of conf/<group>/<option>.yaml."""
+    """The first sentence(s) of conf/<group>/<option>.yaml's leading comment: its first paragraph,
+    up to a line that starts a command example."""
     path = conf_dir() / group / f"{option}.yaml"
+    parts = []
     for line in path.read_text().splitlines():
-        text = line.lstrip("# ").strip()
-        if line.startswith("#") and text and not text.startswith("@package"):
-            return text
-    return ""
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if text.startswith("@package"):
+            continue
+        if not text or text.startswith(("rlft ", "bash ", "python ")):
+            if parts:
+                break
+            continue
+        parts.append(text)
+    return " ".join(parts)
 
 
 def algo_kind(preset: str) -> str | None:
@@ -112,6 +121,10 @@ def _check_path(section: str, schema: type, parts: list[str], full_key: str, lab
         raise ConfigError(f"unknown config key '{full_key}'{_suggest(name, names)}; "
                           f"valid keys in {label}: {', '.join(names)}")
     hint = hints[name]
+    if not rest and hint in (int, float, bool):
+        for value in values:
+            if not _parses(value, hint):
+                raise ConfigError(f"{full_key}={value!r} is not a valid {hint.__name__}")
     if not rest and isinstance(hint, type) and issubclass(hint, Enum):
         valid = [m.value for m in hint]
         for value in values:
@@ -121,6 +134,19 @@ def _check_path(section: str, schema: type, parts: list[str], full_key: str, lab
         _check_path(section, hint, rest, full_key, f"{label}.{name}", values)
     elif rest and typing.get_origin(hint) not in (dict,) and hint is not dict:
         raise ConfigError(f"config key '{full_key}': {label}.{name} has no sub-keys")
+
+
+def _parses(value: str, kind: type) -> bool:
+    """Whether an override's value converts to `kind` (an interpolation `${...}` is left to Hydra)."""
+    if value.startswith("${") or value in ("null", "None"):
+        return True
+    if kind is bool:
+        return value.lower() in ("true", "false")
+    try:
+        kind(value) if kind is float else int(value)
+    except ValueError:
+        return False
+    return True
 
 
 def check_overrides(args: list[str]) -> None:

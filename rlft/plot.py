@@ -18,8 +18,7 @@ from pathlib import Path
 PANELS = {  # panel title -> (predicate on the metric name)
     "reward": lambda k: k == "reward" or k.startswith("reward/"),
     "KL to reference (nats/token)": lambda k: k == "kl",
-    "accuracy": lambda k: k in ("eval_greedy_accuracy", "token_acc", "eval_pair_accuracy", "pair_accuracy",
-                                "eval_step_accuracy", "step_accuracy"),
+    "accuracy": lambda k: k.endswith(("_acc", "accuracy")),  # greedy, token, pair, step, solution, reward
     "response length (tokens)": lambda k: k == "response_len",
     "loss": lambda k: k in ("loss", "eval_loss", "value_loss", "dpo_loss", "policy_loss"),
 }
@@ -59,13 +58,18 @@ def find_stages(target: Path) -> dict[str, Path]:
     return found
 
 
+def stage_panels(series: dict) -> list[tuple[str, list[str]]]:
+    """(panel title, metric names) of the panels a stage's figure gets: every family it logged."""
+    panels = [(title, sorted(k for k in series if pick(k))) for title, pick in PANELS.items()]
+    return [(t, keys) for t, keys in panels if keys]
+
+
 def plot_stage(name: str, series: dict, out: Path) -> Path | None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(title, sorted(k for k in series if pick(k))) for title, pick in PANELS.items()]
-    panels = [(t, keys) for t, keys in panels if keys]
+    panels = stage_panels(series)
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
@@ -90,13 +94,15 @@ def plot_compare(metric: str, stages: dict[str, dict], out: Path) -> Path | None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    having = {name: s[metric] for name, s in stages.items() if metric in s and len(s[metric]) > 1}
+    having = {name: s[metric] for name, s in stages.items() if metric in s}
     if len(having) < 2:
+        print(f"[rlft] no compare_{metric}.png: " + (f"only {next(iter(having))} logged it" if having
+                                                      else "no stage logged it"))
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, points in having.items():
         steps, values = zip(*points)
-        ax.plot(steps, values, label=name)
+        ax.plot(steps, values, marker="o" if len(steps) < 15 else None, markersize=3, label=name)
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)

@@ -18,6 +18,23 @@ def wandb_mode(setting: str) -> str:
     return setting
 
 
+def wandb_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether wandb's server (WANDB_BASE_URL, default https://api.wandb.ai) answers an HTTP request
+    within timeout_s (any status counts); without this check a run with a key and no network waits
+    about 100 s inside wandb before it goes offline."""
+    import urllib.error
+    import urllib.request
+
+    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def format_duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
@@ -57,6 +74,10 @@ class Tracker:
             self._bar = tqdm(total=total_steps, initial=start_step, desc=cfg.algo.name, unit="step",
                              file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
         mode = wandb_mode(cfg.logger.wandb)
+        if mode == "online" and not wandb_reachable():
+            print("[rlft] wandb's server is not reachable within 3 s: logging offline (wandb sync uploads it later)",
+                  file=sys.stderr)
+            mode = "offline"
         if mode != "disabled":
             try:
                 import wandb

@@ -24,9 +24,12 @@ def main(argv: list[str]) -> None:
     argv = [a for a in argv if not a.startswith("--local_rank")]
     if len(argv) != 1:
         raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
+    from rlft import signals
     from rlft.cli import _user_errors
-
     from rlft.engine import dist
+
+    signals.die_with_parent()  # the launcher's death (however it died) stops this rank
+    signals.install()
 
     try:
         run_stage(OmegaConf.load(argv[0]))
@@ -34,12 +37,22 @@ def main(argv: list[str]) -> None:
         # for the next job of a sweep)
         dist.shutdown()
     except _user_errors() as exc:
-        if int(os.environ.get("RANK", "0")) == 0:
-            error_file = os.environ.get("RLFT_ERROR_FILE")
-            if error_file:  # the driver repeats it as its own last line
-                Path(error_file).write_text(str(exc))
-            print(f"rlft: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        report(exc)
+        # every rank stops on a signal together (they agree on it), so they all exit 0 and the launcher
+        # stays quiet; any other error exits non-zero so that the launcher stops the other ranks
+        raise SystemExit(0 if isinstance(exc, signals.Interrupted) else 2) from None
+
+
+def report(exc: Exception) -> None:
+    """Rank 0 hands its one-line error to the driver, which prints it as its last line (or prints it
+    itself when started without a driver)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    error_file = os.environ.get("RLFT_ERROR_FILE")
+    if error_file:
+        Path(error_file).write_text(str(exc))
+    else:
+        print(f"rlft: error: {exc}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,25 @@ def encode_prompt(tok, prompt_text: str) -> list[int]:
     return ids
 
 
+def prompt_budget(model, max_new_tokens: int) -> int | None:
+    """Longest prompt the model can take with room for max_new_tokens (None: no position limit)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return max(1, limit - max_new_tokens) if limit else None
+
+
+def encode_prompts(tok, prompt_texts: list[str], max_len: int | None, what: str = "prompts") -> list[list[int]]:
+    """encode_prompt for each text; a prompt longer than max_len keeps its last max_len tokens (the end
+    of the question and the answer cue), and how many were cut is said once per call."""
+    ids = [encode_prompt(tok, t) for t in prompt_texts]
+    if max_len is None:
+        return ids
+    cut = sum(len(x) > max_len for x in ids)
+    if cut:
+        print(f"[rlft] {what}: {cut} of {len(ids)} prompt(s) longer than {max_len} tokens (the model's positions "
+              f"minus the new tokens) keep their last {max_len} tokens", flush=True)
+    return [x[-max_len:] for x in ids]
+
+
 def _join(prompt_ids: list[int], response_ids: list[int], max_len: int) -> tuple[list[int], list[int], bool]:
     """prompt + response, a loss mask that is 1 on the response, both cut to max_len."""
     ids = prompt_ids + response_ids

@@ -20,6 +20,9 @@ from pathlib import Path
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
+ROW = "_row"  # a local file's rows carry their 1-based row number under this key
+
+
 class DataError(ValueError):
     """A problem with the user's data, reported in one line that says where and how to fix it."""
 
@@ -73,7 +76,12 @@ def read_file(path: Path) -> list[dict]:
     for i, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
             raise DataError(f"{path} row {i}: expected an object, got {type(row).__name__}")
-    return rows
+    return [{**row, ROW: i} for i, row in enumerate(rows, start=1)]
+
+
+def row_number(row: dict, position: int) -> int:
+    """The row's number in its file (errors name it even after a held-out split), else its position."""
+    return row.get(ROW, position)
 
 
 def _split_file(directory: Path, split: str) -> Path:
@@ -109,10 +117,11 @@ def map_fields(rows: list[dict], fields: dict[str, str], required: list[str], so
     """Rename columns to canonical names (`fields` maps canonical → source column) and check them.
 
     Mapped source columns are replaced by their canonical names; other columns are kept. A row
-    without a required field (absent or null) raises a DataError naming the source, the 1-based
-    row and the config key that maps it.
+    without a required or mapped field (absent or null) raises a DataError naming the source, the
+    1-based row, the column and the config key that maps it.
     """
     renamed = set(fields.values()) - set(fields)
+    required = list(dict.fromkeys([*required, *fields]))  # a column the user mapped must be there
     out = []
     for i, row in enumerate(rows, start=1):
         new = {key: value for key, value in row.items() if key not in renamed}
@@ -123,9 +132,8 @@ def map_fields(rows: list[dict], fields: dict[str, str], required: list[str], so
             if new.get(canonical) is None:
                 column = fields.get(canonical, canonical)
                 what = f"field '{canonical}'" if column == canonical else f"column '{column}' (field '{canonical}')"
-                raise DataError(
-                    f"{source} row {i}: missing {what} (map your column with data.fields.{canonical}=<column>)"
-                )
+                raise DataError(f"{source} row {row_number(row, i)}: missing {what} "
+                                f"(map your column with data.fields.{canonical}=<column>)")
         out.append(new)
     return out
 
@@ -176,13 +184,14 @@ def to_sft_rows(rows: list[dict], source: str = "data") -> list[dict]:
     """
     out = []
     for i, row in enumerate(rows, start=1):
-        where = f"{source} row {i}"
+        where = f"{source} row {row_number(row, i)}"
         if "messages" in row:
             prompt, response = split_chat(row["messages"], where)
         else:
-            key = next((k for k in ("answer", "completion", "response", "chosen") if k in row), None)
+            key = next((k for k in ("answer", "completion", "response", "chosen") if row.get(k) is not None), None)
             if key is None:
-                raise DataError(f"{where}: no response field (expected messages, answer, completion or chosen)")
+                raise DataError(f"{where}: no response field (expected messages, answer, completion or chosen, "
+                                "not null; map your column with data.fields.answer=<column>)")
             prompt, response = _prompt_of(row, where), _response_text(row[key], where)
         out.append({"prompt": prompt, "response": response})
     return out
@@ -194,9 +203,9 @@ def to_preference_rows(rows: list[dict], source: str = "data") -> list[dict]:
     Conversational rows without a prompt (TRL's implicit-prompt format, where `chosen` holds the
     whole conversation) take the prompt from the messages before `chosen`'s last assistant turn.
     """
-    out = []
+    out, identical = [], 0
     for i, row in enumerate(rows, start=1):
-        where = f"{source} row {i}"
+        where = f"{source} row {row_number(row, i)}"
         for key in ("chosen", "rejected"):
             if row.get(key) is None:
                 raise DataError(f"{where}: missing field '{key}' (map your column with data.fields.{key}=<column>)")
@@ -204,7 +213,14 @@ def to_preference_rows(rows: list[dict], source: str = "data") -> list[dict]:
             prompt, chosen = split_chat(row["chosen"], where)
         else:
             prompt, chosen = _prompt_of(row, where), _response_text(row["chosen"], where)
-        out.append({"prompt": prompt, "chosen": chosen, "rejected": _response_text(row["rejected"], where)})
+        rejected = _response_text(row["rejected"], where)
+        if chosen == rejected:  # no preference to learn: dropped, and counted below
+            identical += 1
+            continue
+        out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    if identical:
+        print(f"[rlft] {source}: dropped {identical} preference row(s) whose chosen and rejected are identical",
+              flush=True)
     return out
 
 
@@ -212,7 +228,7 @@ def to_step_rows(rows: list[dict], source: str = "data") -> list[dict]:
     """Canonical process-supervision rows `{prompt, steps, labels}` with 0/1 integer labels."""
     out = []
     for i, row in enumerate(rows, start=1):
-        where = f"{source} row {i}"
+        where = f"{source} row {row_number(row, i)}"
         steps, labels = row.get("steps"), row.get("labels")
         if not isinstance(steps, list) or not isinstance(labels, list):
             raise DataError(f"{where}: 'steps' and 'labels' must both be lists")

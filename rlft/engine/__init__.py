@@ -14,6 +14,7 @@ the full-batch loss, whatever the micro-batch size or number of ranks.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -22,6 +23,14 @@ import torch
 
 from rlft.config import grad_accum_steps
 from rlft.engine import dist
+from rlft.engine.integrity import write_checksums
+
+
+CHECKPOINT_CONFIG = "config.json"
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced non-finite values (loss, gradients or weights); nothing non-finite is saved."""
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, t) -> torch.optim.lr_scheduler.LambdaLR:
@@ -102,6 +111,9 @@ class Engine:
             self.ds = model.to(device=self.info.device, dtype=dtype)
             self.optimizer = self.scheduler = None
         self.ds.train(trainable)
+        self.dropped_micro_batches = 0  # micro-batches of the current optimizer step with a non-finite loss
+        self.backwards_in_step = 0
+        self.nonfinite_steps_in_a_row = 0
 
     # ------------------------------------------------------------------ training
     @property
@@ -116,12 +128,47 @@ class Engine:
         return self.ds(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of a micro-batch loss already normalised by the global item count."""
+        """Backward of a micro-batch loss already normalised by the global item count.
+
+        A non-finite loss on any rank makes every rank drop this micro-batch (no backward, so the
+        ranks' collectives stay matched and no NaN reaches the gradients); `step` then applies
+        train.on_nonfinite."""
+        bad = float(not bool(torch.isfinite(loss.detach()).all()))
+        if self.info.world_size > 1:
+            bad = dist.all_reduce_max([bad])[0]
+        if bad:
+            self.dropped_micro_batches += 1
+            return
         self.ds.backward(loss * self.info.world_size, scale_wrt_gas=False)
+        self.backwards_in_step += 1
 
     def step(self) -> None:
-        """Call after every micro-batch; DeepSpeed updates at the accumulation boundary."""
+        """Call after every micro-batch; DeepSpeed updates at the accumulation boundary. There the
+        non-finite policy is applied first: NonFiniteError stops before the update."""
+        if self.ds.is_gradient_accumulation_boundary():
+            self.check_finite()
         self.ds.step()
+
+    def check_finite(self) -> None:
+        """Before an optimizer update: stop when micro-batches were dropped and train.on_nonfinite=stop,
+        when every micro-batch of the step was dropped, or after train.max_nonfinite_steps such steps in
+        a row; else report the dropped ones. (A non-finite gradient from finite losses shows as
+        non-finite weights, which are never saved: see save_checkpoint and export_hf.)"""
+        t, step = self.cfg.train, self.global_step + 1
+        dropped, used = self.dropped_micro_batches, self.backwards_in_step
+        self.dropped_micro_batches = self.backwards_in_step = 0
+        if not dropped:
+            self.nonfinite_steps_in_a_row = 0
+            return
+        self.nonfinite_steps_in_a_row += 1
+        if t.on_nonfinite == "stop" or not used or self.nonfinite_steps_in_a_row > t.max_nonfinite_steps:
+            why = ("" if t.on_nonfinite == "stop" else
+                   " (every micro-batch of the step)" if not used else f" ({self.nonfinite_steps_in_a_row} steps in a row)")
+            raise NonFiniteError(f"non-finite loss (NaN or inf) at optimizer step {step}: {dropped} micro-batch(es)"
+                                 f"{why}; stopped before the update and nothing of this step saved (resume=true restarts "
+                                 "from the last checkpoint, if one was written); lower train.lr or check the data")
+        dist.print0(f"[rlft] optimizer step {step}: dropped {dropped} micro-batch(es) with a non-finite loss "
+                    f"(train.on_nonfinite=drop, {self.nonfinite_steps_in_a_row} step(s) in a row)")
 
     @property
     def global_step(self) -> int:
@@ -177,6 +224,22 @@ class Engine:
                 full = p.detach().clone()
             yield name, full
 
+    def state_bytes(self) -> int:
+        """Bytes of this engine's resumable state on all ranks, roughly: fp32 weights and, when it trains,
+        Adam's two fp32 moments (and bf16 copies)."""
+        numel = sum(getattr(p, "ds_numel", p.numel()) for p in self.module.parameters())
+        return numel * ((4 + 8 + (2 if self.cfg.engine.precision == "bf16" else 0)) if self.trainable else 4)
+
+    def weights_finite(self) -> bool:
+        """Whether every weight on every rank is finite (collective; each rank checks its own shard)."""
+        bad = 0.0
+        for p in self.module.parameters():
+            local = getattr(p, "ds_tensor", p)  # ZeRO-3: this rank's partition
+            if local.numel() and not bool(torch.isfinite(local.detach()).all()):
+                bad = 1.0
+                break
+        return dist.all_reduce_max([bad])[0] == 0.0
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, ckpt_root: Path, step: int, client_state: dict, keep: int,
                         companions: dict[str, "Engine"] | None = None) -> Path:
@@ -186,15 +249,35 @@ class Engine:
         the rename, so a checkpoint either holds every engine or does not exist."""
         final = ckpt_root / f"step-{step:07d}"
         tmp = ckpt_root / f".tmp-step-{step:07d}"
+        if not self.weights_finite():
+            kept = list_checkpoints(ckpt_root)
+            raise NonFiniteError(f"the weights are not finite (NaN or inf) at step {step}; no checkpoint written"
+                                 + (f", the last good one is {kept[-1]}" if kept else "")
+                                 + "; lower train.lr or check the data")
+        engines = [self, *(companions or {}).values()]
+        short = space_shortage(ckpt_root, last_checkpoint_bytes(ckpt_root) or sum(e.state_bytes() for e in engines),
+                               f"checkpoint step-{step:07d}")
+        if dist.all_reduce_max([float(short is not None)])[0]:  # every rank stops together
+            raise DiskFullError(short or "not enough disk space for a checkpoint on another rank")
         if self.info.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        self.ds.save_checkpoint(str(tmp), tag="state", client_state=client_state, save_latest=False)
-        for name, engine in (companions or {}).items():
-            engine.ds.save_checkpoint(str(tmp / name), tag="state", client_state={}, save_latest=False)
+        try:
+            self.ds.save_checkpoint(str(tmp), tag="state", client_state=client_state, save_latest=False)
+            for name, engine in (companions or {}).items():
+                engine.ds.save_checkpoint(str(tmp / name), tag="state", client_state={}, save_latest=False)
+        except (OSError, RuntimeError) as exc:
+            raise_if_disk_full(exc, tmp, f"checkpoint step-{step:07d}")
+            raise
         dist.barrier()
         if self.info.is_main:
+            from omegaconf import OmegaConf
+
+            # the config it was trained with, read before a resume loads anything (rlft.stages.common)
+            (tmp / CHECKPOINT_CONFIG).write_text(json.dumps(OmegaConf.to_container(self.cfg, resolve=True),
+                                                            default=str))
+            write_checksums(tmp)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             for old in list_checkpoints(ckpt_root)[:-keep] if keep > 0 else []:
@@ -224,8 +307,15 @@ class Engine:
     def export_hf(self, out_dir: Path, tokenizer, manifest_writer=None) -> None:
         """Write a Hugging Face model directory (weights, config, tokenizer) atomically.
 
-        Collective: every rank must call it. Only rank 0 writes."""
+        Collective: every rank must call it. Only rank 0 writes; nothing is written when a weight is
+        not finite (NonFiniteError on every rank)."""
         state = self.full_state_dict()
+        bad = 0.0
+        if self.info.is_main:
+            bad = float(not all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point()))
+        if dist.all_reduce_max([bad])[0]:
+            raise NonFiniteError(f"the trained weights are not finite (NaN or inf); {out_dir} was not written; "
+                                 "lower train.lr or check the data")
         if self.info.is_main:
             save_hf_dir(self.module, state, tokenizer, Path(out_dir))
         dist.barrier()
@@ -236,9 +326,57 @@ def save_hf_dir(model, state_dict, tokenizer, out_dir: Path) -> None:
     out_dir = Path(out_dir)
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    weights = state_dict if state_dict is not None else model.state_dict()
+    short = space_shortage(tmp.parent, sum(v.numel() * v.element_size() for v in weights.values()), str(out_dir))
+    if short:
+        raise DiskFullError(short)
+    try:
+        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_checksums(tmp)
+    except (OSError, RuntimeError) as exc:
+        raise_if_disk_full(exc, tmp, str(out_dir))
+        raise
     replace_dir(tmp, out_dir)
+
+
+class DiskFullError(OSError):
+    """Not enough disk space for what a stage must write; what was there before stays intact."""
+
+
+def space_shortage(directory: Path, need_bytes: int, what: str) -> str | None:
+    """The one-line reason not to start writing `what` (about need_bytes) under `directory`: its file
+    system has less free space than that plus 10%. None when it fits."""
+    directory = Path(directory)
+    while not directory.exists():
+        directory = directory.parent
+    free = shutil.disk_usage(directory).free
+    if free >= 1.1 * need_bytes:
+        return None
+    return (f"not enough disk space for {what}: about {need_bytes / 2**20:.1f} MiB needed, {free / 2**20:.1f} MiB "
+            f"free at {directory}; free some space and rerun with resume=true (a checkpoint is written beside the "
+            f"kept ones before the oldest is removed)")
+
+
+def raise_if_disk_full(exc: Exception, tmp: Path, what: str) -> None:
+    """A write that failed for lack of space (ENOSPC, or torch's 'unexpected pos' when the disk filled
+    mid-file): remove the partial copy and raise a one-line DiskFullError."""
+    import errno
+
+    full = getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) \
+        or "No space left" in str(exc)
+    if not full:
+        return
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise DiskFullError(f"the disk filled up while writing {what} (partial copy removed; what was written before "
+                        "is intact); free some space and rerun with resume=true") from None
+
+
+def last_checkpoint_bytes(ckpt_root: Path) -> int:
+    """Size of the newest checkpoint (0 when there is none): what the next one will need."""
+    ckpts = list_checkpoints(ckpt_root)
+    return sum(p.stat().st_size for p in ckpts[-1].rglob("*") if p.is_file()) if ckpts else 0
 
 
 def replace_dir(src: Path, dst: Path) -> None:

@@ -7,19 +7,19 @@ to a reference, for one checkpoint or several.
     rlft eval model.path=/path/to/hf_dir data=gsm8k data.source=/path/to/gsm8k
 
 Per problem: one greedy completion (accuracy), eval.samples sampled completions at
-eval.temperature (pass@k with the unbiased estimator, maj@k by majority vote over extracted
-answers), and eval.policy_samples completions at temperature 1, the policy's own distribution,
+eval.temperature (pass@k with the unbiased estimator, maj@k as the expected majority vote of k of
+them), and eval.policy_samples completions at temperature 1, the policy's own distribution,
 on which the reward sources (reward.functions, each on its own and their weighted total), the
 RM score and the sequence-level KL to the reference are measured:
 
     KL(pi || ref) = E_{y ~ pi} [ sum_t log pi(y_t | .) - log ref(y_t | .) ]
 
-(the k1 estimator over whole sequences, unbiased; nats per completion). Writes eval.json per
-model, then comparison.md and comparison.csv over every model evaluated in the run.
+(the k1 estimator over whole sequences, unbiased; nats per completion). Writes eval.json and
+samples.jsonl (every problem's completions with their extracted answers and correctness) per model,
+then comparison.md and comparison.csv over every model evaluated in the run.
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -29,7 +29,8 @@ from omegaconf import OmegaConf
 
 from rlft import handoff
 from rlft.config import ConfigError
-from rlft.data.encode import encode_prompt
+from rlft.data.loading import DataError
+from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.eval.metrics import maj_at_k, pass_at_k
 from rlft.eval.compare import write_comparison
 from rlft.models import load_model, load_tokenizer
@@ -80,6 +81,21 @@ def score_problems(problems: list[dict], greedy_texts: list[str], sampled_texts:
     return out
 
 
+def sample_records(problems: list[dict], greedy_texts: list[str], sampled_texts: list[list[str]]) -> list[dict]:
+    """One record per problem: every completion with its extracted answer and correctness, so the
+    figures can be recomputed from samples.jsonl alone."""
+    out = []
+    for p, greedy, texts in zip(problems, greedy_texts, sampled_texts):
+        gold = gold_answer(p["answer"])
+
+        def scored(text: str) -> dict:
+            answer = extract_answer(text)
+            return {"text": text, "answer": answer, "correct": bool(answers_match(answer, gold))}
+
+        out.append({"prompt": p["prompt"], "gold": gold, "greedy": scored(greedy), "samples": [scored(t) for t in texts]})
+    return out
+
+
 def format_table(metrics: dict) -> str:
     rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in metrics.items()]
     width = max(len(k) for k, _ in rows)
@@ -87,10 +103,15 @@ def format_table(metrics: dict) -> str:
     return "\n".join([line] + [f"{k:<{width}}  {v:>9}" for k, v in rows] + [line])
 
 
-def evaluate_model(engine, tokenizer, cfg, problems: list[dict]) -> dict:
+def eval_prompts(cfg, tokenizer, problems: list[dict], model) -> list[list[int]]:
+    return encode_prompts(tokenizer, [inputs.render(cfg, tokenizer, p["prompt"]) for p in problems],
+                          prompt_budget(model, cfg.eval.max_new_tokens), "eval")
+
+
+def evaluate_model(engine, model, tokenizer, cfg, problems: list[dict]) -> dict:
     """Greedy and sampled completions for every problem (through the rollout `engine`), then the metrics."""
     e = cfg.eval
-    prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
+    prompts = eval_prompts(cfg, tokenizer, problems, model)
     torch.manual_seed(e.seed)
     tic = time.time()
     greedy = engine.generate(prompts, 1, Sampling(e.max_new_tokens, False), seed=e.seed)
@@ -171,6 +192,9 @@ def eval_one(cfg, model_ref: str) -> dict:
     tokenizer = load_tokenizer(cfg.model, path)
     model = load_model(cfg.model, path, tokenizer, head="causal_lm", seed=cfg.seed).to(device).eval()
     problems = inputs.qa_rows(cfg, "test")
+    if not problems:
+        raise DataError(f"{cfg.data.source}: the test split ({cfg.data.test_split}) has no rows to evaluate")
+    inputs.check_verifiable(cfg, problems, f"{cfg.data.source} [test]")
     if cfg.eval.num_problems:
         problems = problems[:cfg.eval.num_problems]
     e = cfg.eval
@@ -183,9 +207,9 @@ def eval_one(cfg, model_ref: str) -> dict:
     try:
         engine.sync_weights(0)  # started outside the timing below
         print(f"[rlft] rollout engine: {why}", flush=True)
-        metrics, greedy, grouped = evaluate_model(engine, tokenizer, cfg, problems)
+        metrics, greedy, grouped = evaluate_model(engine, model, tokenizer, cfg, problems)
         if e.policy_samples:
-            prompts = [encode_prompt(tokenizer, inputs.render(cfg, tokenizer, p["prompt"])) for p in problems]
+            prompts = eval_prompts(cfg, tokenizer, problems, model)
             torch.manual_seed(e.seed + 1)
             metrics.update(policy_sample_metrics(engine, model, tokenizer, cfg, problems, prompts, device, reference,
                                                  rm))
@@ -198,9 +222,7 @@ def eval_one(cfg, model_ref: str) -> dict:
                            "max_new_tokens": e.max_new_tokens, "policy_samples": e.policy_samples,
                            "reward_functions": list(cfg.reward.functions)}}
     handoff.write_json_atomic(out_dir / "eval.json", record)
-    examples = [{"prompt": p["prompt"], "gold": p["answer"], "greedy": g, "samples": s}
-                for p, g, s in zip(problems[:20], greedy.texts, grouped)]
-    (out_dir / "samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in examples))
+    handoff.write_jsonl_atomic(out_dir / "samples.jsonl", sample_records(problems, greedy.texts, grouped))
     print(format_table(metrics))
     print(f"[rlft] wrote {out_dir / 'eval.json'}")
     return record
@@ -216,7 +238,7 @@ def run_eval(cfg) -> list[dict]:
         eval_model_path(_with_model(cfg, ref))
     records = [eval_one(cfg, ref) for ref in refs]
     eval_root = Path(cfg.run.root) / cfg.run.name / "eval"
-    table = write_comparison(eval_root)
+    table = write_comparison(eval_root, [output_dir(_with_model(cfg, ref), ref).name for ref in refs])
     if len(refs) > 1:
         print(table)
     print(f"[rlft] wrote {eval_root / 'comparison.md'} and comparison.csv")

@@ -2,7 +2,8 @@
 
     pass_at_k       unbiased pass@k of Chen et al. 2021 (human-eval), one problem
     mean_pass_at_k  its average over problems
-    maj_at_k        majority vote over the first k extracted answers, one problem
+    maj_at_k        expected majority-vote correctness of k answers drawn without replacement from the
+                    n samples (like pass@k, an estimate over all n, not over the first k), one problem
     mean_maj_at_k   its average over problems
 
 Answers given to maj@k are compared after `normalize_answer`, so "1,000",
@@ -11,6 +12,9 @@ Answers given to maj@k are compared after `normalize_answer`, so "1,000",
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 from collections import Counter
 from typing import Iterable, Sequence
 
@@ -42,22 +46,38 @@ def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
     return sum(values) / len(values)
 
 
-def majority_answer(answers: Sequence[str | None], k: int) -> str | None:
-    """Most frequent normalised answer among the first k; ties go to the answer
-    seen first; None (no extractable answer) never votes. None if no answer."""
-    if k < 1:
-        raise ValueError(f"maj@k needs k >= 1, got {k}")
-    normed = [normalize_answer(a) for a in answers[:k]]
+MAJ_SUBSETS = 2000  # k-subsets enumerated exactly up to this many, else this many drawn (seeded)
+
+
+def _vote_credit(normed: Sequence[str | None], gold: str) -> float:
+    """Majority vote of one subset: 1 when gold is the single most frequent answer, 1/t when it is
+    one of t tied answers (a fair tie-break), 0 otherwise; None never votes."""
     votes = Counter(a for a in normed if a is not None)
     if not votes:
-        return None
+        return 0.0
     best = max(votes.values())
-    return next(a for a in normed if a is not None and votes[a] == best)
+    top = [a for a, v in votes.items() if v == best]
+    return sum(answers_match(a, gold) for a in top) / len(top)
 
 
-def maj_at_k(answers: Sequence[str | None], gold: str, k: int) -> float:
-    """1.0 if the majority answer of the first k samples matches gold, else 0.0."""
-    return float(answers_match(majority_answer(answers, k), gold))
+def maj_at_k(answers: Sequence[str | None], gold: str, k: int, seed: int = 0) -> float:
+    """E[majority vote of k of the n answers is correct], over k-subsets drawn uniformly without
+    replacement: exact when C(n, k) <= MAJ_SUBSETS, else the mean over MAJ_SUBSETS seeded draws.
+    maj@1 equals pass@1 (c/n); maj@n is the vote of all n samples."""
+    n = len(answers)
+    if not 1 <= k <= n:
+        raise ValueError(f"maj@k needs 1 <= k <= n, got k={k}, n={n}")
+    normed = [normalize_answer(a) for a in answers]
+    if math.comb(n, k) <= MAJ_SUBSETS:
+        subsets = itertools.combinations(range(n), k)
+        total, count = 0.0, 0
+        for idx in subsets:
+            total += _vote_credit([normed[i] for i in idx], gold)
+            count += 1
+        return total / count
+    rng = random.Random(seed)
+    return sum(_vote_credit([normed[i] for i in rng.sample(range(n), k)], gold)
+               for _ in range(MAJ_SUBSETS)) / MAJ_SUBSETS
 
 
 def mean_maj_at_k(problems: Iterable[tuple[Sequence[str | None], str]], k: int) -> float:

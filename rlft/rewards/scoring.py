@@ -126,6 +126,14 @@ def source_weights(names: list[str], weights: list[float]) -> dict[str, float]:
     return {str(n): float(w) for n, w in zip(names, weights or [1.0] * len(names))}
 
 
+def check_sources(cfg) -> None:
+    """Every configured source exists (user functions are imported; models are not loaded): a
+    one-line UnknownNameError before anything is started or removed."""
+    for name in source_weights(list(cfg.reward.functions), list(cfg.reward.weights)):
+        if name not in MODEL_SOURCES and name not in REWARD_FUNCTIONS.names():
+            load_user_function(name)
+
+
 class RewardSet:
     """The configured reward sources, their weights, and the models they need."""
 
@@ -149,7 +157,8 @@ class RewardSet:
     def __call__(self, prompts: list, prompt_texts: list[str], completions: list[str],
                  rows: list[dict]) -> tuple[torch.Tensor, dict[str, list[float]]]:
         """(weighted total [N] float64, {source: per-completion values})."""
-        fields = {k: [r.get(k) for r in rows] for k in (rows[0].keys() if rows else []) if k != "prompt"}
+        fields = {k: [r.get(k) for r in rows] for k in (rows[0].keys() if rows else [])
+                  if k != "prompt" and not k.startswith("_")}
         per_source: dict[str, list[float]] = {}
         for name, fn in self.fns.items():
             values = [float(v) for v in fn(prompts, completions, **fields)]

@@ -6,6 +6,7 @@ rank's share of the global batch, accumulate micro-batch gradients, step, log, c
 """
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -16,8 +17,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from rlft import handoff
-from rlft.engine import Engine, dist, list_checkpoints
+from rlft import handoff, signals
+from rlft.engine import CHECKPOINT_CONFIG, Engine, dist, list_checkpoints
+from rlft.engine.integrity import damage
 from rlft.tracking import Tracker
 
 
@@ -94,19 +96,95 @@ def maybe_resume(ctx: StageContext, engine: Engine) -> int:
     return int(resume_state(ctx, engine).get("step", 0))
 
 
+def intact_checkpoint(ckpt_root: Path) -> Path | None:
+    """The newest checkpoint that matches its checksums, saying which newer ones were skipped and why
+    (the main rank checks; every rank gets its answer). None when there is no checkpoint; StageError
+    when there are checkpoints but none is intact."""
+    problems: list[str] = []
+    choice = None
+    if dist.info().is_main:
+        for path in reversed(list_checkpoints(ckpt_root)):
+            problem = damage(path)
+            if problem is None:
+                choice = str(path)
+                break
+            problems.append(f"{path.name}: {problem}")
+    choice, problems = dist.all_gather_object((choice, problems))[0]
+    for line in problems:
+        dist.print0(f"[rlft] skipping damaged checkpoint {ckpt_root}/{line}")
+    if choice is None and problems:
+        raise StageError(f"no intact checkpoint under {ckpt_root} ({'; '.join(problems)}); "
+                         "rerun without resume=true to start the stage over")
+    if choice is not None and problems:
+        dist.print0(f"[rlft] resuming from the newest intact checkpoint, {choice}")
+    return Path(choice) if choice else None
+
+
 def resume_state(ctx: StageContext, engine: Engine, companions: dict | None = None) -> dict:
-    """Load the newest checkpoint when resume=true (RNG restored, companion engines too); returns
-    its client state ({} when starting fresh): the step and whatever else the stage saved with it."""
+    """Load the newest intact checkpoint when resume=true (RNG restored, companion engines too);
+    returns its client state ({} when starting fresh): the step and whatever else the stage saved."""
     if not ctx.cfg.resume:
         return {}
-    ckpts = list_checkpoints(ctx.ckpt_root)
-    if not ckpts:
+    path = intact_checkpoint(ctx.ckpt_root)
+    if path is None:
         dist.print0(f"resume=true but no checkpoint under {ctx.ckpt_root}; starting from step 0")
         return {}
-    state = engine.load_checkpoint(ckpts[-1], companions)
+    saved = path / CHECKPOINT_CONFIG
+    check_resume_config(json.loads(saved.read_text()) if saved.is_file() else None, ctx.cfg, path)
+    try:
+        state = engine.load_checkpoint(path, companions)
+    except Exception as exc:  # a checkpoint without checksums (older rlft) can still be unreadable
+        raise StageError(f"cannot load checkpoint {path}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}; "
+                         f"remove it to resume from an older one, or rerun without resume=true") from None
     set_rng_state(state["rng"])
-    dist.print0(f"resumed from {ckpts[-1]} at step {state['step']}")
+    dist.print0(f"resumed from {path} at step {state['step']}")
     return state
+
+
+# Keys that do not change what is trained: free to differ on resume (max_steps may grow to extend a run).
+RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.log_every", "train.save_every",
+               "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite_steps", "train.save_on_signal",
+               "logger", "eval", "run.objective", "run.dir", "engine.threads_per_rank", "engine.master_addr",
+               "engine.master_port", "algo.eval_every", "algo.eval_problems", "rollout.vllm.gpu_memory_utilization",
+               "rollout.vllm.sleep", "rollout.vllm.sleep_level", "rollout.vllm.enforce_eager", "rollout.batch_size")
+
+
+def flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_changes(saved: dict, now: dict, allowed: tuple) -> list[str]:
+    """`key: old -> new` for every key that differs and is not under an allowed prefix."""
+    before, after = flatten(saved), flatten(now)
+    free = lambda key: any(key == a or key.startswith(a + ".") for a in allowed)  # noqa: E731
+    return [f"{k}: {before.get(k, '(absent)')} -> {after.get(k, '(absent)')}"
+            for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k) and not free(k)]
+
+
+def check_resume_config(saved: dict | None, cfg, path: Path) -> None:
+    """Refuse a resume whose config changed what the checkpoint was trained with (unless the keys
+    are listed in resume_allow_changes, which is then said)."""
+    from omegaconf import OmegaConf
+
+    if saved is None:
+        dist.print0(f"[rlft] {path} records no config (older rlft): the resumed config is not compared")
+        return
+    now = OmegaConf.to_container(cfg, resolve=True)
+    changed = config_changes(saved, now, RESUME_FREE)
+    accepted = [c for c in changed if any(c.split(":")[0] == a or c.startswith(a + ".")
+                                          for a in map(str, cfg.resume_allow_changes))]
+    refused = [c for c in changed if c not in accepted]
+    if refused:
+        keys = ",".join(c.split(":")[0] for c in refused)
+        raise StageError(f"resume=true with a config that differs from the checkpoint's ({'; '.join(refused)}); "
+                         f"rerun with the checkpoint's values, or accept them with resume_allow_changes=[{keys}]")
+    for change in accepted:
+        dist.print0(f"[rlft] resumed with a changed config (resume_allow_changes): {change}")
 
 
 class Sums:
@@ -198,8 +276,11 @@ def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn:
                 last.update(evaluate())
             tracker.log(done, last)
             sums, step_time, steps_since_log = Sums(), 0.0, 0
+        save = lambda: engine.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": rng_state()},  # noqa: E731
+                                              t.keep_checkpoints)
         if t.save_every and done % t.save_every == 0 and done != t.max_steps:
-            engine.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": rng_state()}, t.keep_checkpoints)
+            save()
+        stop_if_signalled(ctx, done, save)
     if evaluate is not None:
         final_eval = evaluate()
         last.update(final_eval)
@@ -208,11 +289,29 @@ def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn:
     return last
 
 
+def stop_if_signalled(ctx: StageContext, done: int, save: Callable[[], Path]) -> None:
+    """After optimizer step `done`: when any rank got SIGINT/SIGTERM, write a checkpoint (unless
+    train.save_on_signal=false or this step's is already written) and stop with a one-line error."""
+    why = signals.stop_requested()
+    if not why:
+        return
+    t = ctx.cfg.train
+    if done == t.max_steps:
+        return  # the stage is finishing anyway
+    existing = ctx.ckpt_root / f"step-{done:07d}"
+    path = existing if existing.is_dir() else (save() if t.save_on_signal else None)
+    raise signals.Interrupted(f"stopped by {why} after step {done}/{t.max_steps}; "
+                              + (f"checkpoint {path}; continue with the same command and resume=true" if path else
+                                 "no checkpoint written (train.save_on_signal=false)"))
+
+
 def finish(ctx: StageContext, engine: Engine, tokenizer, parent: str, summary: dict) -> None:
     """Export final/ and write the manifest (last, so a crash leaves the stage incomplete)."""
     engine.export_hf(ctx.run_dir / "final", tokenizer)
     if ctx.info.is_main:
+        from rlft.stages.inputs import data_description
+
         handoff.write_manifest(ctx.run_dir, stage=ctx.cfg.algo.name, parent=parent, summary=summary,
-                               run_name=ctx.cfg.run.name)
+                               run_name=ctx.cfg.run.name, data=data_description(ctx.cfg))
         dist.print0(f"wrote {ctx.run_dir / 'final'}")
     dist.barrier()

@@ -7,7 +7,9 @@ canonical field names. Errors name the file, the row and the field.
 from __future__ import annotations
 
 import dataclasses
+import random
 from functools import lru_cache
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -36,13 +38,70 @@ def builtin_rows(cfg, split: str) -> list[dict]:
     return train if split == "train" else test
 
 
-def user_rows(cfg, split: str) -> tuple[list[dict], str]:
-    """(rows with canonical field names, a name for error messages)."""
+def single_file(cfg) -> bool:
+    """The data is one local file: no splits of its own, so the test split is carved from it."""
+    return not is_builtin(cfg) and Path(cfg.data.source).expanduser().is_file()
+
+
+def held_out_indices(num_rows: int, fraction: float, seed: int) -> set[int]:
+    """The rows of a single file held out as its test split: a seeded choice of round(fraction x n)
+    rows, at least one (none when the file has a single row)."""
+    if num_rows < 2:
+        return set()
+    count = min(num_rows - 1, max(1, round(fraction * num_rows)))
+    return set(random.Random(seed).sample(range(num_rows), count))
+
+
+def data_description(cfg) -> dict:
+    """What the stage trained and was evaluated on (for its manifest)."""
     d = cfg.data
-    split_name = d.train_split if split == "train" else d.test_split
-    rows = loading.load_rows(d.source, split_name, d.name)
+    out = {"source": d.source}
+    if single_file(cfg):
+        out["held_out"] = f"seeded {d.held_out_fraction:g} of the file's rows (data.split_seed={d.split_seed})"
+    return out
+
+
+_SAID: set = set()
+
+
+def user_rows(cfg, split: str) -> tuple[list[dict], str]:
+    """(rows with canonical field names, a name for error messages). A single file is split into
+    train and held-out rows; an empty training split is an error."""
+    d = cfg.data
+    if single_file(cfg):
+        rows = loading.load_rows(d.source)
+        held = held_out_indices(len(rows), d.held_out_fraction, d.split_seed)
+        rows = [r for i, r in enumerate(rows) if (i in held) == (split == "test")]
+        name = f"{d.source} [{split}]"
+        if d.source not in _SAID:
+            _SAID.add(d.source)
+            print(f"[rlft] {d.source} is a single file: {len(held)} of its rows are held out as the test split "
+                  f"(data.held_out_fraction={d.held_out_fraction:g}, data.split_seed={d.split_seed})", flush=True)
+    else:
+        split_name = d.train_split if split == "train" else d.test_split
+        rows = loading.load_rows(d.source, split_name, d.name)
+        name = f"{d.source} [{split_name}]"
+    if split == "train" and not rows:
+        raise loading.DataError(f"{name} has no rows")
     fields = {k: v for k, v in OmegaConf.to_container(d.fields, resolve=True).items() if v}
-    return loading.map_fields(rows, fields, required=[], source=d.source), f"{d.source} [{split_name}]"
+    return loading.map_fields(rows, fields, required=[], source=name), name
+
+
+def check_verifiable(cfg, rows: list[dict], name: str) -> int:
+    """Rows whose gold answer cannot be checked (blank, or a worked solution with no '#### n' /
+    \\boxed{n}): a DataError naming the first, or with data.allow_unverifiable a count (returned)."""
+    from rlft.rewards.verifiers import extract_answer
+
+    bad = [loading.row_number(r, i) for i, r in enumerate(rows, start=1)
+           if extract_answer(str(r.get("answer") or "")) is None
+           and (not str(r.get("answer") or "").strip() or "\n" in str(r.get("answer")).strip())]
+    if bad and not cfg.data.allow_unverifiable:
+        raise loading.DataError(f"{name} row {bad[0]}: its answer has no final answer to check ('#### <n>' or "
+                                f"\\boxed{{n}}; {len(bad)} such rows); fix the data or set data.allow_unverifiable=true "
+                                "(their correctness is then 0)")
+    if bad:
+        print(f"[rlft] {name}: {len(bad)} row(s) without a checkable final answer (correctness 0)", flush=True)
+    return len(bad)
 
 
 def limit(cfg, rows: list, split: str) -> list:
@@ -64,7 +123,8 @@ def qa_rows(cfg, split: str) -> list[dict]:
     else:
         raw, name = user_rows(cfg, split)
         sft = loading.to_sft_rows(raw, name)
-        rows = [{**s, "answer": r.get("answer", s["response"])} for s, r in zip(sft, raw)]
+        rows = [{**s, "answer": r.get("answer") or s["response"], loading.ROW: loading.row_number(r, i)}
+                for i, (s, r) in enumerate(zip(sft, raw), start=1)]
     return limit(cfg, rows, split)
 
 
@@ -90,10 +150,26 @@ def step_rows(cfg, split: str, frac_correct: float) -> list[dict]:
     return limit(cfg, rows, split)
 
 
+def rows_of(cfg, shape: str, split: str) -> list[dict]:
+    """The rows of an AlgoSpec.rows shape (qa, preference, steps)."""
+    if shape == "preference":
+        return preference_rows(cfg, split)
+    if shape == "steps":
+        return step_rows(cfg, split, getattr(cfg.algo, "frac_correct", 0.5))
+    return qa_rows(cfg, split)
+
+
 # ----------------------------------------------------------------------------- tokenised examples
 def sft_examples(cfg, tokenizer, split: str = "train") -> list[dict]:
-    return [encode.encode_sft(tokenizer, render(cfg, tokenizer, r["prompt"]), r["response"], cfg.train.max_seq_len)
-            for r in qa_rows(cfg, split)]
+    """Prompt + response examples; one whose prompt fills train.max_seq_len (no response token left to
+    learn) is dropped, and counted."""
+    examples = [encode.encode_sft(tokenizer, render(cfg, tokenizer, r["prompt"]), r["response"],
+                                  cfg.train.max_seq_len) for r in qa_rows(cfg, split)]
+    kept = [ex for ex in examples if sum(ex["loss_mask"][1:])]
+    if len(kept) < len(examples):
+        print(f"[rlft] {split}: dropped {len(examples) - len(kept)} example(s) whose prompt alone fills "
+              f"train.max_seq_len={cfg.train.max_seq_len}", flush=True)
+    return kept
 
 
 def pair_examples(cfg, tokenizer, split: str = "train") -> list[dict]:

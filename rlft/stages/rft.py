@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rlft import handoff
-from rlft.data.encode import encode_prompt, encode_sft
+from rlft.data.encode import encode_prompts, encode_sft, prompt_budget
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet
@@ -44,7 +44,8 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[tuple[int, str]], dict]:
     dist.print0(f"[rlft] rollout engine: {why}")
     engine.sync_weights(0)
     torch.manual_seed(cfg.seed + info.rank)
-    gens = engine.generate([encode_prompt(tokenizer, t) for t in prompt_texts], r.samples_per_prompt,
+    gens = engine.generate(encode_prompts(tokenizer, prompt_texts, prompt_budget(model, r.max_new_tokens), "rft"),
+                           r.samples_per_prompt,
                            Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
                            seed=cfg.seed * 1000 + info.rank)
     engine.sleep()

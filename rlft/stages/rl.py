@@ -32,7 +32,7 @@ from rlft.algos import (ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS,
                         pair_rollout_inputs)
 from rlft.algos.value import value_loss
 from rlft.config import needs_reference, trains_critic
-from rlft.data.encode import encode_prompt
+from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import RewardSet
@@ -88,6 +88,7 @@ class RLStage:
         self.train_rows = inputs.qa_rows(cfg, "train")
         self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
         r = cfg.rollout
+        self.prompt_budget = prompt_budget(self.policy.module, r.max_new_tokens)
         self.sampling = Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
         self.engine, why = build_engine(cfg, self.policy, self.tokenizer, ctx.info.device, seed=cfg.seed)
         self.is_correction = r.is_correction if r.is_correction != "auto" else \
@@ -109,7 +110,7 @@ class RLStage:
         """G completions for each row, as padded tensors (no scores yet)."""
         G, tok = self.cfg.rollout.samples_per_prompt, self.tokenizer
         prompt_texts = [inputs.render(self.cfg, tok, r["prompt"]) for r in rows]
-        prompt_ids = [encode_prompt(tok, t) for t in prompt_texts]
+        prompt_ids = encode_prompts(tok, prompt_texts, self.prompt_budget, "rollout")
         gens = self.generate(prompt_ids, G, self.sampling, seed)
         per_prompt = [prompt_ids[i] for i in gens.prompt_index]
         ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id)
@@ -218,7 +219,8 @@ class RLStage:
 
         info, tok = self.ctx.info, self.tokenizer
         shard = self.test_rows[info.rank::info.world_size]
-        prompt_ids = [encode_prompt(tok, inputs.render(self.cfg, tok, r["prompt"])) for r in shard]
+        prompt_ids = encode_prompts(tok, [inputs.render(self.cfg, tok, r["prompt"]) for r in shard], self.prompt_budget,
+                                    "held-out accuracy")
         gens = self.generate(prompt_ids, 1, Sampling(self.cfg.rollout.max_new_tokens, do_sample=False), 0)
         self.engine.sleep()
         correct = sum(answers_match(extract_answer(t), gold_answer(r["answer"])) for t, r in zip(gens.texts, shard))
@@ -461,11 +463,15 @@ def run(cfg, ctx: common.StageContext) -> dict:
                 summary.update(stage.greedy_accuracy())
             tracker.log(done, summary)
             stats, times = common.Sums(), {k: 0.0 for k in times}
-        if t.save_every and done % t.save_every == 0 and done != t.max_steps:
+        def save(done=done):
             client = {"step": done, "rng": common.rng_state(), "kl_coef": stage.kl_coef}
             if iterations > 1:  # this iteration's samples so far: what the reward models retrain on
                 client["samples_log"] = stage.samples_log
-            stage.policy.save_checkpoint(ctx.ckpt_root, done, client, t.keep_checkpoints, companions)
+            return stage.policy.save_checkpoint(ctx.ckpt_root, done, client, t.keep_checkpoints, companions)
+
+        if t.save_every and done % t.save_every == 0 and done != t.max_steps:
+            save()
+        common.stop_if_signalled(ctx, done, save)
     final_eval = stage.greedy_accuracy()
     tracker.log(t.max_steps, final_eval)
     summary.update(final_eval)

@@ -1,6 +1,7 @@
 """Each supervised stage on the user's own local jsonl files (data=jsonl), tiny built-in model, 2 steps.
 
-A single file serves both splits (rlft reads the same file for train and test). The stage prints how many examples it built, which pins down that every row
+A single file is split: a seeded 10% of its rows (at least one) is held out as the test split, the
+rest trains. The stage prints how many examples it built, which pins down that every row
 was read and mapped; a mapping that failed would stop the run with a DataError.
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ def train_ok(tmp_path: Path, algo: str, name: str, source: Path, *extra: str):
 def test_sft_on_gsm8k_style_jsonl(tmp_path):
     data = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_rows(12))
     proc, run, records = train_ok(tmp_path, "sft", "gsm", data)
-    assert "sft: 12 training examples" in proc.stdout
+    assert "sft: 11 training examples" in proc.stdout
     assert abs(records[0]["loss"] - math.log(100)) < 0.15
     assert 0.0 <= records[-1]["token_acc"] <= 1.0
 
@@ -55,7 +56,7 @@ def test_sft_on_chat_messages(tmp_path):
             for r in gsm8k_rows(10)]
     data = write_jsonl(tmp_path / "chat.jsonl", rows)
     proc, _, _ = train_ok(tmp_path, "sft", "chat", data)
-    assert "sft: 10 training examples" in proc.stdout
+    assert "sft: 9 training examples" in proc.stdout
 
 
 def test_sft_with_custom_column_names(tmp_path):
@@ -63,7 +64,7 @@ def test_sft_with_custom_column_names(tmp_path):
     data = write_jsonl(tmp_path / "custom.jsonl", rows)
     proc, run, _ = train_ok(tmp_path, "sft", "custom", data, "data.fields.question=problem",
                             "data.fields.answer=solution")
-    assert "sft: 9 training examples" in proc.stdout
+    assert "sft: 8 training examples" in proc.stdout
     config = (run / "config.yaml").read_text()
     assert "question: problem" in config and "answer: solution" in config
 
@@ -73,7 +74,7 @@ def test_rm_on_preference_jsonl(tmp_path):
             for r in gsm8k_rows(12)]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     proc, _, records = train_ok(tmp_path, "rm", "pairs", data)
-    assert "rm: 12 training and 12 held-out examples" in proc.stdout
+    assert "rm: 11 training and 1 held-out examples" in proc.stdout
     assert abs(records[0]["loss"] - math.log(2)) < 0.2
     assert all(0.0 <= r["pair_acc"] <= 1.0 for r in records)
 
@@ -87,6 +88,6 @@ def test_prm_on_step_label_jsonl(tmp_path):
                      "labels": [1, 1 if good else 0]})
     data = write_jsonl(tmp_path / "steps.jsonl", rows)
     proc, _, records = train_ok(tmp_path, "prm", "steps", data)
-    assert "prm: 12 training and 12 held-out examples" in proc.stdout
+    assert "prm: 11 training and 1 held-out examples" in proc.stdout
     assert abs(records[0]["loss"] - math.log(2)) < 0.2
     assert all(0.0 <= r["step_acc"] <= 1.0 for r in records)

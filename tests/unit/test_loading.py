@@ -18,18 +18,24 @@ GSM8K = Path(__file__).resolve().parents[1] / "data" / "gsm8k_sample.jsonl"
 ROWS = [{"question": "1+1?", "answer": "1+1=2\n#### 2"}, {"question": "2+2?", "answer": "2+2=4\n#### 4"}]
 
 
+def numbered(rows: list[dict]) -> list[dict]:
+    """Rows as read from a local file: each carries its 1-based row number."""
+    return [{**r, "_row": i} for i, r in enumerate(rows, start=1)]
+
+
 def test_load_gsm8k_jsonl_fixture():
     rows = load_rows(str(GSM8K))
     assert len(rows) == 4
-    assert all(set(r) == {"question", "answer"} for r in rows)
+    assert all(set(r) == {"question", "answer", "_row"} for r in rows)  # _row: the row's number in its file
+    assert [r["_row"] for r in rows] == [1, 2, 3, 4]
     assert rows[1]["answer"].endswith("#### 60")
 
 
 def test_load_json_list_and_data_key(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(ROWS))
     (tmp_path / "b.json").write_text(json.dumps({"data": ROWS}))
-    assert load_rows(str(tmp_path / "a.json")) == ROWS
-    assert load_rows(str(tmp_path / "b.json")) == ROWS
+    assert load_rows(str(tmp_path / "a.json")) == numbered(ROWS)
+    assert load_rows(str(tmp_path / "b.json")) == numbered(ROWS)
 
 
 def test_load_parquet(tmp_path):
@@ -37,14 +43,14 @@ def test_load_parquet(tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "rows.parquet")
-    assert load_rows(str(tmp_path / "rows.parquet")) == ROWS
+    assert load_rows(str(tmp_path / "rows.parquet")) == numbered(ROWS)
 
 
 def test_load_split_from_directory(tmp_path):
     (tmp_path / "test.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS[:1]) + "\n\n")
     (tmp_path / "train.json").write_text(json.dumps(ROWS))
-    assert load_rows(str(tmp_path), split="test") == ROWS[:1]
-    assert load_rows(str(tmp_path)) == ROWS
+    assert load_rows(str(tmp_path), split="test") == numbered(ROWS[:1])
+    assert load_rows(str(tmp_path)) == numbered(ROWS)
     with pytest.raises(DataError, match="no validation.jsonl"):
         load_rows(str(tmp_path), split="validation")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlft.eval.metrics import majority_answer, maj_at_k, mean_maj_at_k, mean_pass_at_k, pass_at_k
+from rlft.eval.metrics import maj_at_k, mean_maj_at_k, mean_pass_at_k, pass_at_k
 
 V = json.loads((Path(__file__).resolve().parents[1] / "data" / "algorithms_vectors.json").read_text())
 T10 = V["T10_passk_majk"]
@@ -44,18 +44,37 @@ def test_mean_pass_at_k():
 
 def test_t10_maj_at_k():
     exp = T10["maj@5"]
-    assert majority_answer(exp["answers"], 5) == exp["majority"]
-    assert maj_at_k(exp["answers"], exp["gold"], 5) == exp["maj@5"] == 0.0
-    assert maj_at_k(exp["answers"], exp["gold"], 3) == exp["maj@3(first 3)"]
+    assert maj_at_k(exp["answers"], exp["majority"], 5) == 1.0
+    assert maj_at_k(exp["answers"], exp["gold"], 5) == exp["maj@5"] == 0.0  # all 5: one subset
+    assert maj_at_k(exp["answers"][:3], exp["gold"], 3) == exp["maj@3(first 3)"]
     assert maj_at_k(exp["answers"], "12", 5) == 1.0
 
 
+def test_maj_at_k_is_the_expectation_over_k_subsets():
+    answers = ["12", "12", "7", "12", "7"]  # 3 x "12", 2 x "7"
+    # k=1: a single random answer, so maj@1 = pass@1 = c/n
+    assert maj_at_k(answers, "7", 1) == pytest.approx(2 / 5) == pytest.approx(pass_at_k(5, 2, 1))
+    # k=3 over the 10 subsets: "7" wins only in the one subset {7, 7, 12} x 3 choices of the "12" = 3 subsets
+    assert maj_at_k(answers, "7", 3) == pytest.approx(3 / 10)
+    # k=2: {7,7} wins (1 subset), {7,12} ties (6 subsets, credit 1/2 each), {12,12} loses (3)
+    assert maj_at_k(answers, "7", 2) == pytest.approx((1 + 6 * 0.5) / 10)
+    # never above pass@k for the same samples
+    for k in range(1, 6):
+        assert maj_at_k(answers, "7", k) <= pass_at_k(5, 2, k) + 1e-12
+
+
+def test_maj_at_k_draws_subsets_when_there_are_too_many():
+    answers = ["1"] * 20 + ["2"] * 12  # C(32, 16) subsets: estimated by seeded draws
+    value = maj_at_k(answers, "1", 16)
+    assert value == maj_at_k(answers, "1", 16)  # seeded
+    assert 0.7 < value < 1.0
+
+
 def test_maj_at_k_ties_none_and_normalisation():
-    # 2-2 tie between "7" and "12": "7" was seen first
-    assert majority_answer(["7", "12", "12", "7"], 4) == "7"
-    assert maj_at_k(["7", "12", "12", "7"], "7", 4) == 1.0
+    # 2-2 tie between "7" and "12": the vote of all four gives each half the credit
+    assert maj_at_k(["7", "12", "12", "7"], "7", 4) == 0.5
     # None never votes, even when it is the most common
-    assert majority_answer([None, None, "5"], 3) == "5"
+    assert maj_at_k([None, None, "5"], "5", 3) == 1.0
     assert maj_at_k([None, None], "5", 2) == 0.0
     # normalised answers vote together: "1,000" and "1000.0" beat "7"
     assert maj_at_k(["7", "1,000", "1000.0"], "1000", 3) == 1.0

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import one_line_error, run_cli
-from rlft.plot import PlotError, find_stages, plot_run, read_series
+from rlft.plot import PlotError, find_stages, plot_run, read_series, stage_panels
 
 
 def write_metrics(directory, records):
@@ -40,8 +40,8 @@ def test_plot_writes_a_png_per_stage_and_comparisons(run):
 
     paths = plot_run(run)
     names = sorted(p.name for p in paths)
-    assert names == ["compare_kl.png", "compare_response_len.png", "compare_reward.png", "grpo.png", "ppo.png",
-                     "sft.png"]
+    assert names == ["compare_eval_greedy_accuracy.png", "compare_kl.png", "compare_response_len.png",
+                     "compare_reward.png", "grpo.png", "ppo.png", "sft.png"]
     for p in paths:
         assert p.parent == run / "plots"
         image = mpimg.imread(p)  # a real image that opens
@@ -59,3 +59,13 @@ def test_plot_cli_and_its_errors(run, tmp_path):
     assert "no metrics.jsonl" in one_line_error(run_cli(tmp_path, "plot", str(tmp_path / "empty")))
     with pytest.raises(PlotError):
         plot_run(tmp_path / "empty")
+
+
+def test_every_logged_accuracy_gets_the_accuracy_panel(tmp_path):
+    """The names the stages log: RM pair_acc, PRM step_acc / solution_acc, DPO reward_acc, SFT token_acc."""
+    rm = {"loss": [(1, 0.7)], "pair_acc": [(1, 0.6)], "eval_pair_acc": [(1, 0.55)]}
+    prm = {"loss": [(1, 0.7)], "step_acc": [(1, 0.6)], "solution_acc": [(1, 0.5)], "eval_step_acc": [(1, 0.5)]}
+    dpo = {"loss": [(1, 0.7)], "reward_acc": [(1, 0.6)]}
+    for series, expected in ((rm, ["eval_pair_acc", "pair_acc"]), (prm, ["eval_step_acc", "solution_acc", "step_acc"]),
+                             (dpo, ["reward_acc"])):
+        assert dict(stage_panels(series))["accuracy"] == expected

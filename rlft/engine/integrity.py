@@ -1,0 +1,69 @@
+"""What rlft writes can be checked before it is read back: a checksum list in every resumable
+checkpoint and every Hugging Face directory rlft exports (final/, iterations/*/).
+
+    write_checksums(dir)   dir/checksums.json: {relative path: {bytes, sha256}} of every file
+    damage(dir)            None when every listed file is there with its size and digest, else
+                           what is wrong in a few words (the first problem found)
+
+The list is written into the temporary directory before it is renamed into place, so a complete
+directory always carries it. Directories written before checksums existed have no list: they are
+accepted as unverified (`damage` says None, `verified` says False).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+CHECKSUMS = "checksums.json"
+_CHUNK = 8 << 20
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksums(directory: Path) -> None:
+    """Record every file below `directory` (except the list itself) with its size and sha256."""
+    directory = Path(directory)
+    entries = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS):
+        entries[path.relative_to(directory).as_posix()] = {"bytes": path.stat().st_size,
+                                                            "sha256": file_sha256(path)}
+    tmp = directory / f".tmp-{CHECKSUMS}-{os.getpid()}"
+    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, directory / CHECKSUMS)
+
+
+def verified(directory: Path) -> bool:
+    """Whether `directory` carries a checksum list (it was written by this version of rlft)."""
+    return (Path(directory) / CHECKSUMS).is_file()
+
+
+def damage(directory: Path) -> str | None:
+    """None when the directory matches its checksum list (or has none), else the first problem."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return "the directory is missing"
+    listing = directory / CHECKSUMS
+    if not listing.is_file():
+        return None
+    try:
+        entries = json.loads(listing.read_text())
+    except (OSError, ValueError):
+        return f"its {CHECKSUMS} is unreadable"
+    for rel, entry in entries.items():
+        path = directory / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            return f"{rel} has {size} bytes where {entry['bytes']} were written (truncated or overwritten)"
+        if file_sha256(path) != entry["sha256"]:
+            return f"{rel} does not match its checksum (its bytes changed after it was written)"
+    return None

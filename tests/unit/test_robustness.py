@@ -1,0 +1,162 @@
+"""The pure parts of rlft's fault handling: checksums, the stage lock and leftovers, resume config
+comparison, data checks, wandb's reachability check and the override checks (no training here;
+tests/integration/test_faults.py injects the faults into real runs)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rlft import rundir
+from rlft.config import ConfigError
+from rlft.data.loading import DataError, map_fields, to_preference_rows, to_sft_rows
+from rlft.engine.integrity import damage, verified, write_checksums
+from rlft.stages import inputs
+from rlft.stages.common import config_changes
+
+
+def test_checksums_catch_changed_truncated_and_missing_files(tmp_path):
+    d = tmp_path / "final"
+    (d / "sub").mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(os.urandom(4096))
+    (d / "sub" / "a.json").write_text("{}")
+    assert damage(d) is None and not verified(d)  # no list yet: accepted, unverified
+    write_checksums(d)
+    assert damage(d) is None and verified(d)
+    data = bytearray((d / "model.safetensors").read_bytes())
+    data[100] ^= 0xFF
+    (d / "model.safetensors").write_bytes(bytes(data))
+    assert "does not match its checksum" in damage(d)
+    (d / "model.safetensors").write_bytes(bytes(data[:1000]))
+    assert "1000 bytes where 4096" in damage(d)
+    (d / "model.safetensors").unlink()
+    assert damage(d) == "model.safetensors is missing"
+
+
+def test_lock_is_exclusive_and_a_dead_holder_is_taken_over(tmp_path, capsys):
+    stage = tmp_path / "runs" / "x" / "sft"
+    with rundir.stage_lock(stage) as lock:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        with pytest.raises(rundir.StageLockedError, match=f"pid {os.getpid()}"):
+            with rundir.stage_lock(stage):
+                pass
+    assert not lock.exists()  # released
+    dead = 2 ** 22 + 12345  # beyond pid_max on common systems: no such process
+    lock.write_text(json.dumps({"pid": dead, "host": socket.gethostname(), "started": "then"}))
+    with rundir.stage_lock(stage):
+        assert "stale lock" in capsys.readouterr().out
+    lock.write_text(json.dumps({"pid": dead, "host": "elsewhere", "started": "then"}))
+    with pytest.raises(rundir.StageLockedError, match="elsewhere"):  # another host: cannot tell, refuse
+        with rundir.stage_lock(stage):
+            pass
+
+
+def test_leftover_temporaries_are_found_at_any_depth(tmp_path):
+    stage = tmp_path / "sft"
+    (stage / "checkpoints" / ".tmp-step-0000004" / "state").mkdir(parents=True)
+    (stage / ".tmp-final-123").mkdir()
+    (stage / ".old-final-9").mkdir()
+    (stage / "final").mkdir()
+    (stage / "final" / ".tmp-checksums.json-5").write_text("x")
+    removed = rundir.remove_temporaries(stage)
+    assert sorted(p.name for p in removed) == [".old-final-9", ".tmp-checksums.json-5", ".tmp-final-123",
+                                                ".tmp-step-0000004"]
+    assert (stage / "final").is_dir() and (stage / "checkpoints").is_dir()
+
+
+def test_a_completed_stage_names_the_stages_built_from_it(tmp_path):
+    run = tmp_path / "runs" / "x"
+    for stage, parent in (("sft", "builtin:tiny"), ("rm", str(run / "sft" / "final")),
+                          ("grpo", str(run / "sft" / "final")), ("ppo", str(run / "rm" / "final"))):
+        (run / stage).mkdir(parents=True)
+        (run / stage / "manifest.json").write_text(json.dumps({"parent": parent}))
+    assert [p.name for p in rundir.dependents(run / "sft")] == ["grpo", "rm"]
+    with pytest.raises(rundir.CompletedStageError, match=r"overwrite=true to replace it \(stages built from it: grpo, rm\)"):
+        rundir.check_not_completed(run / "sft", resume=False, overwrite=False)
+    rundir.check_not_completed(run / "sft", resume=True, overwrite=False)
+    rundir.check_not_completed(run / "sft", resume=False, overwrite=True)
+    rundir.check_not_completed(run / "new", resume=False, overwrite=False)
+
+
+def test_resume_config_changes_ignore_free_keys():
+    saved = {"seed": 0, "train": {"lr": 1e-3, "max_steps": 10, "log_every": 5}, "logger": {"wandb": "auto"}}
+    now = {"seed": 1, "train": {"lr": 1e-3, "max_steps": 20, "log_every": 1}, "logger": {"wandb": "offline"},
+           "extra": {"k": 1}}
+    free = ("train.max_steps", "train.log_every", "logger")
+    assert config_changes(saved, now, free) == ["extra.k: (absent) -> 1", "seed: 0 -> 1"]
+
+
+def test_a_single_file_holds_out_a_seeded_share():
+    held = inputs.held_out_indices(100, 0.1, seed=0)
+    assert len(held) == 10 and held == inputs.held_out_indices(100, 0.1, seed=0)
+    assert held != inputs.held_out_indices(100, 0.1, seed=1)
+    assert len(inputs.held_out_indices(5, 0.1, 0)) == 1 and inputs.held_out_indices(1, 0.1, 0) == set()
+
+
+def test_unverifiable_answers_are_named_or_counted():
+    cfg = SimpleNamespace(data=SimpleNamespace(allow_unverifiable=False))
+    rows = [{"answer": "2+2=4\n#### 4"}, {"answer": "42"}, {"answer": "work\nmore work"}, {"answer": "  "}]
+    with pytest.raises(DataError, match=r"f.jsonl row 3: .*no final answer.*2 such rows.*allow_unverifiable"):
+        inputs.check_verifiable(cfg, rows, "f.jsonl")
+    cfg.data.allow_unverifiable = True
+    assert inputs.check_verifiable(cfg, rows, "f.jsonl") == 2
+
+
+def test_data_rows_name_the_mapped_column_and_drop_identical_pairs(capsys):
+    with pytest.raises(DataError, match=r"row 2: missing column 'solution' \(field 'answer'\).*data.fields.answer"):
+        map_fields([{"q": "a", "solution": "s"}, {"q": "b"}], {"answer": "solution"}, [], "f.jsonl")
+    with pytest.raises(DataError, match=r"row 1: no response field.*not null.*data.fields.answer"):
+        to_sft_rows([{"question": "q", "answer": None}], "f.jsonl")
+    rows = to_preference_rows([{"prompt": "p", "chosen": "a", "rejected": "a"},
+                               {"prompt": "p", "chosen": "a", "rejected": "b"}], "f.jsonl")
+    assert len(rows) == 1 and "dropped 1 preference row" in capsys.readouterr().out
+
+
+def test_wandb_falls_back_to_offline_within_seconds(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rlft.tracking import Tracker, wandb_reachable
+
+    with socket.socket() as s:  # a local port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    assert not wandb_reachable()
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = OmegaConf.create({"logger": {"wandb": "auto", "progress": False, "project": "t"},
+                            "run": {"name": "r"}, "algo": {"name": "sft"}})
+    tic = time.time()
+    tracker = Tracker(tmp_path, cfg, True, 2)
+    tracker.log(1, {"loss": 1.0})
+    tracker.close()
+    assert time.time() - tic < 30
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 1.0
+
+
+@pytest.mark.parametrize("arg, needle", [("train.lr=abc", "train.lr='abc' is not a valid float"),
+                                         ("train.max_steps=2.5", "is not a valid int"),
+                                         ("logger.progress=yes", "is not a valid bool"),
+                                         ("train.lr_schedule=step", "choose one of: cosine, linear, constant")])
+def test_wrong_value_types_are_one_line(arg, needle):
+    from rlft.overrides import check_overrides
+
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        check_overrides([arg])
+
+
+def test_option_descriptions_are_whole_sentences():
+    from rlft.overrides import option_description
+
+    assert option_description("algo", "grpo").endswith("retrain on the policy's samples).")
+    assert not option_description("experiment", "qwen_gsm8k_grpo").startswith("rlft ")
+
+
+def test_leftovers_do_not_include_live_files(tmp_path):
+    assert rundir.remove_temporaries(Path(tmp_path)) == []
