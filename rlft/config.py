@@ -48,6 +48,8 @@ TruncationPolicy = choices("TruncationPolicy", "keep zero_reward mask penalty")
 NonFinite = choices("NonFinite", "stop drop")
 WandbMode = choices("WandbMode", "auto online offline disabled")
 KLIn = choices("KLIn", "loss reward")
+RewardSource = choices("RewardSource", "data policy")
+StepLabels = choices("StepLabels", "exact mc")
 KLAt = choices("KLAt", "old current")
 
 
@@ -355,7 +357,20 @@ class SFTConfig(AlgoConfig):
 
 
 @dataclass
-class RMConfig(AlgoConfig):
+class RewardDataConfig(AlgoConfig):
+    """Where a reward model's training and held-out data come from."""
+    source: RewardSource = RewardSource.data
+    """data: the data's own rows (built-in task: the generator's correct vs corrupted solutions; a file: its
+    pairs or step labels) | policy: samples of `algo.sample_from` on the data's questions, labelled by the
+    answer verifier (RM pairs: a correct vs an incorrect sample of one question; PRM steps: `algo.labels`)."""
+    sample_from: str = "stage:sft"
+    """source=policy: the model whose samples are labelled (rollout.samples_per_prompt per question)."""
+    num_prompts: int = 1000
+    """source=policy: training questions sampled (held-out: num_eval_pairs / num_eval_rows questions)."""
+
+
+@dataclass
+class RMConfig(RewardDataConfig):
     name: str = "rm"
     kind: str = "rm"
     init_from: str = "stage:sft"
@@ -366,10 +381,16 @@ class RMConfig(AlgoConfig):
 
 
 @dataclass
-class PRMConfig(AlgoConfig):
+class PRMConfig(RewardDataConfig):
     name: str = "prm"
     kind: str = "prm"
     init_from: str = "stage:sft"
+    labels: StepLabels = StepLabels.exact
+    """source=policy: exact (built-in task: each step checked against the worked solution) | mc (any
+    question/answer data, Math-Shepherd: a step is good when one of mc_completions continuations of its
+    prefix reaches the gold answer)."""
+    mc_completions: int = 4
+    """labels=mc: continuations sampled per step prefix (by algo.sample_from)."""
     num_eval_rows: int = 200
     """Held-out step-labelled solutions for step accuracy."""
     frac_correct: float = 0.5
@@ -740,6 +761,11 @@ def _set_options(section, schema: type, names=None) -> list[str]:
             if (names is None or f.name in names) and getattr(section, f.name) != getattr(default, f.name)]
 
 
+def type_of(algo) -> type:
+    """The schema of an algo section (from its kind)."""
+    return ALGOS[algo.kind].schema
+
+
 def check_unused_options(cfg) -> None:
     """A preset or override that sets an option this run never reads is refused (it would silently do
     nothing): the critic without an advantage that needs one, pair-loss options of another pair loss,
@@ -767,6 +793,14 @@ def check_unused_options(cfg) -> None:
         if not PAIRWISE_LOSSES.needs(loss, "kl_coef") and cfg.algo.kl_coef != 0:
             unused.append(("algo", [f"kl_coef={cfg.algo.kl_coef}"],
                            f"algo.pairwise_loss={loss} does not read it (its KL strength is pairwise.beta); set 0"))
+    if getattr(cfg.algo, "source", None) == "data":
+        policy_only = ["sample_from", "num_prompts", "labels", "mc_completions"]
+        unused.append(("algo", _set_options(cfg.algo, type_of(cfg.algo), policy_only),
+                       "it applies only with algo.source=policy"))
+    if getattr(cfg.algo, "labels", None) == "exact" and getattr(cfg.algo, "source", None) == "policy" \
+            and cfg.data.source != "builtin:arith":
+        raise ConfigError("algo.labels=exact checks steps against the built-in task's worked solutions; with "
+                          "other data use algo.labels=mc")
     for section, keys, reason in unused:
         if keys:
             raise ConfigError(f"{section}.{keys[0]} is set but never used: {reason}; remove it")

@@ -86,7 +86,10 @@ def preflight(cfg) -> None:
         handoff.resolve_model_path(cfg, cfg.reward.prm_path)
     if spec.samples:
         check_sources(cfg)
-    rows = inputs.rows_of(cfg, spec.rows, "train")
+    if getattr(a, "source", None) == "policy":
+        handoff.resolve_model_path(cfg, a.sample_from)
+    policy_samples = getattr(a, "source", None) == "policy"  # a reward model labels samples of its questions
+    rows = inputs.rows_of(cfg, "qa" if policy_samples else spec.rows, "train")
     if "correctness" in functions:
         inputs.check_verifiable(cfg, rows, f"{cfg.data.source} [train]")
 

@@ -15,6 +15,14 @@ from rlft.handoff import BUILTIN_MODEL
 HEADS = ("causal_lm", "rm", "prm")
 
 
+def quiet_transformers() -> None:
+    """No per-file progress bars from transformers (loading and writing weights): rlft's console shows
+    its own progress, and a one-line error stays the only line on stderr."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
 def load_tokenizer(model_cfg, resolved_path: str):
     """The built-in char tokenizer for builtin:tiny, else the checkpoint's own tokenizer."""
     source = model_cfg.tokenizer or resolved_path
@@ -57,6 +65,7 @@ def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm"
 
     A reward head on top of a causal-LM checkpoint starts from the checkpoint's backbone and
     a freshly initialised (seeded) scalar head."""
+    quiet_transformers()
     if head not in HEADS:
         raise ValueError(f"unknown model head '{head}'; valid: {', '.join(HEADS)}")
     auto = _auto_class(head)

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import random
 
-import torch
 
 from omegaconf import OmegaConf
 
-from rlft.algos.preference import math_shepherd_labels
+from rlft.data import labels as L
 from rlft.data.encode import encode_pair, encode_prompt, encode_steps
 from rlft.engine import Engine, dist, save_hf_dir
 from rlft.models import load_model
@@ -46,41 +45,26 @@ def sample_records(ro) -> list[dict]:
     return out
 
 
-def rm_pairs(records: list[dict], group_size: int) -> list[dict]:
-    """(correct, incorrect) pairs within each group of completions to the same prompt."""
-    pairs = []
-    for g in range(0, len(records), group_size):
-        group = records[g:g + group_size]
-        good = [r for r in group if r["correct"]]
-        bad = [r for r in group if not r["correct"]]
-        for w, lose in zip(good, bad):
-            pairs.append({"prompt_text": w["prompt_text"], "chosen": w["completion"], "rejected": lose["completion"]})
-    return pairs
-
-
 def hard_step_labels(stage, record: dict) -> list[int]:
     """Math-Shepherd hard estimate for each step of one completion, with the current policy."""
     steps, _ = split_steps(record["completion"])
     if record["correct"]:
         return [1] * len(steps)
-    tok = stage.tokenizer
-    prefixes = ["\n".join(steps[:j + 1]) + "\n" for j in range(len(steps))]
-    prompt_ids = [encode_prompt(tok, record["prompt_text"] + p) for p in prefixes]
+    prefixes = L.step_prefixes(steps)
     n = stage.cfg.iterative.label_completions
     r = stage.cfg.rollout
+    prompt_ids = [encode_prompt(stage.tokenizer, record["prompt_text"] + p) for p in prefixes]
     gens = stage.generate(prompt_ids, n, Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
                           seed=len(record["completion"]) * 7919 + stage.ctx.info.rank)
-    reaching = [sum(answers_match(extract_answer(prefix + t), record["gold"]) for t in gens.texts[j * n:(j + 1) * n])
-                for j, prefix in enumerate(prefixes)]
-    hard, _ = math_shepherd_labels(torch.tensor(reaching), n)
-    return [int(x) for x in hard.tolist()]
+    hard, _ = L.mc_step_labels([gens.texts[j * n:(j + 1) * n] for j in range(len(prefixes))], prefixes, record["gold"])
+    return hard
 
 
 def new_examples(stage, kind: str, tokenizer, records: list[dict]) -> list[dict]:
     max_len = stage.cfg.train.max_seq_len
     if kind == "rm":
         return [encode_pair(tokenizer, p["prompt_text"], p["chosen"], p["rejected"], max_len)
-                for p in rm_pairs(records, stage.cfg.rollout.samples_per_prompt)]
+                for p in L.outcome_pairs(records, stage.cfg.rollout.samples_per_prompt)]
     correct = [r for r in records if r["correct"]]
     budget = stage.cfg.iterative.label_budget
     wrong = [r for r in records if not r["correct"]][:budget]

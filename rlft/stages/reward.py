@@ -19,7 +19,7 @@ from rlft.algos.preference import bradley_terry_loss, prm_bce_loss
 from rlft.data.encode import collate_padded, pad_to
 from rlft.engine import Engine, dist
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
-from rlft.stages import common, inputs
+from rlft.stages import common, inputs, policy_data
 
 
 def pair_scores(engine: Engine, examples: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +59,13 @@ def prm_loss(engine: Engine, examples: list[dict], num_steps_global: float, pad_
     # a solution is judged correct when its weakest step is (min over steps, §2.2)
     solution_ok = torch.where(mask.bool(), logits, torch.full_like(logits, float("inf"))).min(-1).values > 0
     solution_gold = torch.where(mask.bool(), labels, torch.ones_like(labels)).min(-1).values.bool()
+    hit = ((logits > 0).long() == labels).float() * mask
+    good, bad = labels.float() * mask, (1 - labels.float()) * mask
+    # per class, so that a skewed label mix cannot hide behind step_acc (their mean: balanced accuracy)
     stats = {"loss": (per_solution.sum().item(), n_steps), "step_acc": (correct, n_steps),
+             "step_acc_good": ((hit * good).sum().item(), good.sum().item()),
+             "step_acc_bad": ((hit * bad).sum().item(), bad.sum().item()),
+             "step_label_mean": (good.sum().item(), n_steps),
              "solution_acc": ((solution_ok == solution_gold).float().sum().item(), float(len(examples)))}
     return per_solution.sum() / num_steps_global, stats
 
@@ -70,31 +76,53 @@ def step_count(examples: list[dict]) -> int:
 
 
 def run_rm(cfg, ctx: common.StageContext) -> dict:
-    """Train an outcome RM (algo=rm) on preference pairs."""
-    return run(cfg, ctx, "rm", lambda tok, split: inputs.pair_examples(cfg, tok, split), cfg.algo.num_eval_pairs,
-               len, rm_loss)
+    """Train an outcome RM (algo=rm) on preference pairs: the data's, or pairs of the policy's samples."""
+    a = cfg.algo
+    if a.source == "policy":
+        return run(cfg, ctx, "rm", lambda tok, split: policy_data.pair_examples(
+            cfg, tok, split, a.num_prompts if split == "train" else a.num_eval_pairs, ctx.info.device),
+            len, rm_loss)
+    return run(cfg, ctx, "rm", lambda tok, split: (
+        held(inputs.pair_examples(cfg, tok, split), split, a.num_eval_pairs), {}), len, rm_loss)
 
 
 def run_prm(cfg, ctx: common.StageContext) -> dict:
-    """Train a process RM (algo=prm) on step-labelled solutions."""
-    return run(cfg, ctx, "prm", lambda tok, split: inputs.step_examples(cfg, tok, split, cfg.algo.frac_correct),
-               cfg.algo.num_eval_rows, step_count, prm_loss)
+    """Train a process RM (algo=prm) on step-labelled solutions: the data's, or the policy's samples."""
+    a = cfg.algo
+    if a.source == "policy":
+        return run(cfg, ctx, "prm", lambda tok, split: policy_data.step_examples(
+            cfg, tok, split, a.num_prompts if split == "train" else a.num_eval_rows, ctx.info.device),
+            step_count, prm_loss)
+    return run(cfg, ctx, "prm", lambda tok, split: (
+        held(inputs.step_examples(cfg, tok, split, a.frac_correct), split, a.num_eval_rows), {}), step_count, prm_loss)
 
 
-def run(cfg, ctx: common.StageContext, head: str, examples, num_eval: int, count_fn, loss) -> dict:
+def held(examples: list, split: str, num_eval: int) -> list:
+    """All training examples; the first num_eval held-out ones."""
+    return examples if split == "train" else examples[:num_eval]
+
+
+def run(cfg, ctx: common.StageContext, head: str, examples, count_fn, loss) -> dict:
     """Train a reward model with the `head` (rm: one score per sequence, prm: per step) on
-    examples(tokenizer, split), the loss normalised by count_fn(global batch)."""
+    examples(tokenizer, split) -> (examples, data summary), the loss normalised by count_fn(global batch)."""
     common.prepare_run_dir(ctx)
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
+    (train, train_info), (test, test_info) = examples(tokenizer, "train"), examples(tokenizer, "test")
+    if not train:
+        raise common.StageError(f"{head}: no training examples (from {cfg.algo.source}); with algo.source=policy "
+                                "the sampled model needs both correct and incorrect samples: raise "
+                                "rollout.samples_per_prompt or algo.num_prompts")
+    common.seed_everything(cfg.seed)
     model = load_model(cfg.model, parent, tokenizer, head=head, seed=cfg.seed)
     pad = tokenizer.pad_token_id
-    train, test = examples(tokenizer, "train"), examples(tokenizer, "test")[:num_eval]
     loss_fn = lambda eng, exs, denom: loss(eng, exs, denom, pad)  # noqa: E731
-    dist.print0(f"{head}: {len(train)} training and {len(test)} held-out examples")
+    dist.print0(f"{head}: {len(train)} training and {len(test)} held-out examples"
+                + (f"; {train_info | test_info}" if train_info else ""))
     engine = Engine(cfg, model)
     evaluate = (lambda: common.held_out(engine, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
     summary = common.supervised_loop(ctx, engine, train, count_fn, loss_fn, evaluate, cfg.algo.eval_every)
+    summary.update(train_info, **test_info)
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary

@@ -105,8 +105,9 @@ def load_state(ckpt):
 
 
 def test_a_second_run_on_a_live_stage_is_refused(tmp_path):
-    first = popen_cli(tmp_path, "train", *SFT, "run.name=f", "train.max_steps=400", "train.log_every=50",
-                      log=tmp_path / "first.log")
+    # long enough never to finish while the test runs (it is killed below)
+    first = popen_cli(tmp_path, "train", *SFT, "run.name=f", "train.max_steps=1000000", "train.log_every=1000",
+                      "train.save_every=0", log=tmp_path / "first.log")
     lock = stage_dir(tmp_path, "f", "sft") / ".lock"
     try:
         deadline = time.time() + 60
@@ -115,6 +116,7 @@ def test_a_second_run_on_a_live_stage_is_refused(tmp_path):
         assert lock.exists(), (tmp_path / "first.log").read_text()
         line = one_line_error(sft(tmp_path, "train.max_steps=2"))
         assert "being written by another run" in line and f"pid {first.pid}" in line, line
+        assert first.poll() is None, "the first run ended before it was killed"
     finally:
         first.kill()
         first.wait()

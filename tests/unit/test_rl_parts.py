@@ -11,9 +11,10 @@ import torch
 from rlft.algos import AGGREGATIONS, agg_denominator
 from rlft.engine import dist
 from rlft.rollout import batch as rb
-from rlft.stages import iterative, rft
+from rlft.stages import rft
 from rlft.stages import rl
 from rlft.stages.common import Sums
+from rlft.data.labels import outcome_pairs
 
 PAD, EOS = 0, 2
 
@@ -152,14 +153,14 @@ def test_rm_pairs_pair_correct_with_incorrect_within_each_group():
                _rec("p0", "good1", True),
                _rec("p1", "x", False), _rec("p1", "y", False), _rec("p1", "z", False), _rec("p1", "w", False),
                _rec("p2", "g", True), _rec("p2", "h", True), _rec("p2", "i", True), _rec("p2", "j", False)]
-    pairs = iterative.rm_pairs(records, 4)
+    pairs = outcome_pairs(records, 4)
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [("good0", "bad0"), ("good1", "bad1"), ("g", "j")]
     assert [p["prompt_text"] for p in pairs] == ["p0\nA:\n", "p0\nA:\n", "p2\nA:\n"]
 
 
 def test_rm_pairs_never_cross_groups():
     records = [_rec("p0", "good", True), _rec("p0", "good2", True), _rec("p1", "bad", False), _rec("p1", "bad2", False)]
-    assert iterative.rm_pairs(records, 2) == []
+    assert outcome_pairs(records, 2) == []
 
 
 # ----------------------------------------------------------------------------- offline RFT

@@ -1,0 +1,63 @@
+"""Reward-model labels for a policy's own samples (docs/algorithms.md §2).
+
+    outcome_pairs      (correct, incorrect) completions of one prompt, by the answer verifier
+    exact_step_labels  built-in task: a step is good while every step so far equals the gold one
+    mc_step_labels     Math-Shepherd: a step is good when a continuation of its prefix reaches the
+                       gold answer (hard estimate), from the completions' outcomes
+
+A record is one sampled completion: {prompt_text, completion, gold, correct} (+ gold_steps on the
+built-in task). Steps are the completion's non-empty lines, the final `#### n` line included.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlft.algos.preference import math_shepherd_labels
+from rlft.rewards.verifiers import answers_match, extract_answer
+
+
+def outcome_pairs(records: list[dict], group_size: int) -> list[dict]:
+    """{prompt_text, chosen, rejected}: within each group of `group_size` completions to one prompt,
+    its correct completions paired in order with its incorrect ones."""
+    pairs = []
+    for g in range(0, len(records), group_size):
+        group = records[g:g + group_size]
+        good = [r for r in group if r["correct"]]
+        bad = [r for r in group if not r["correct"]]
+        for w, lose in zip(good, bad):
+            pairs.append({"prompt_text": w["prompt_text"], "chosen": w["completion"], "rejected": lose["completion"]})
+    return pairs
+
+
+def _same_step(line: str, gold: str) -> bool:
+    return "".join(line.split()) == "".join(gold.split())
+
+
+def exact_step_labels(steps: list[str], gold_steps: list[str], gold: str) -> list[int]:
+    """Hard labels checked against the worked solution: reasoning line j is 1 while lines 0..j all equal
+    the gold lines (from a wrong intermediate value no continuation reaches the gold answer on this
+    task); an answer line (`#### n`) is 1 when n is the gold answer."""
+    labels, on_track = [], True
+    for j, line in enumerate(steps):
+        answer = extract_answer(line) if line.lstrip().startswith("####") else None
+        if answer is not None:
+            labels.append(int(answers_match(answer, gold)))
+            continue
+        on_track = on_track and j < len(gold_steps) and _same_step(line, gold_steps[j])
+        labels.append(int(on_track))
+    return labels
+
+
+def mc_step_labels(continuations: list[list[str]], prefixes: list[str], gold: str) -> tuple[list[int], list[float]]:
+    """(hard, soft) labels per step from the completer's continuations of each step's prefix:
+    hard = some continuation reaches the gold answer, soft = the share that does."""
+    n = len(continuations[0]) if continuations else 1
+    reaching = [sum(answers_match(extract_answer(prefix + text), gold) for text in texts)
+                for prefix, texts in zip(prefixes, continuations)]
+    hard, soft = math_shepherd_labels(torch.tensor(reaching), n)
+    return [int(x) for x in hard.tolist()], [float(x) for x in soft.tolist()]
+
+
+def step_prefixes(steps: list[str]) -> list[str]:
+    """The completion up to and including step j, for each j (what a completer continues from)."""
+    return ["\n".join(steps[:j + 1]) + "\n" for j in range(len(steps))]

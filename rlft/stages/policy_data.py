@@ -1,0 +1,137 @@
+"""Reward-model data from a policy's own samples (algo.source=policy for rm and prm).
+
+A reward model that only saw the generator's corrupted solutions scores the policy's own mistakes
+poorly; here it trains (and is evaluated) on what the policy it will judge actually writes:
+
+1. every rank samples `rollout.samples_per_prompt` completions of `algo.sample_from` (this run's SFT
+   by default) for its share of `algo.num_prompts` questions of the split;
+2. the answer verifier marks each completion correct or not;
+3. RM: (correct, incorrect) pairs of one question. PRM: each step labelled `exact` (built-in task:
+   checked against the worked solution) or `mc` (Math-Shepherd: `algo.mc_completions` continuations
+   of each step's prefix by the same model; 1 when one reaches the gold answer). With `mc` on the
+   built-in task the exact labels are computed too and their agreement reported.
+
+Every rank ends with the same list (gathered in question order).
+"""
+from __future__ import annotations
+
+import torch
+
+from rlft import handoff
+from rlft.data import labels as L
+from rlft.data.encode import encode_pair, encode_prompts, encode_steps, prompt_budget
+from rlft.engine import dist
+from rlft.models import load_model
+from rlft.rewards.scoring import split_steps
+from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
+from rlft.rollout.generate import Frozen, Sampling, build_engine
+from rlft.stages import inputs
+
+SPLIT_SEED = {"train": 0, "test": 1}
+
+
+class PolicySampler:
+    """The sampled model behind a rollout engine, for one reward-model stage."""
+
+    def __init__(self, cfg, tokenizer, device):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        path = handoff.resolve_model_path(cfg, cfg.algo.sample_from)
+        self.model = load_model(cfg.model, path, tokenizer, seed=cfg.seed).to(device).eval()
+        self.engine, why = build_engine(cfg, Frozen(self.model), tokenizer, device, seed=cfg.seed)
+        self.engine.sync_weights(0)
+        r = cfg.rollout
+        self.sampling = Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
+        self.budget = prompt_budget(self.model, r.max_new_tokens)
+        dist.print0(f"[rlft] {cfg.algo.name}: labelling samples of {path}; rollout engine: {why}")
+
+    def generate(self, texts: list[str], n: int, seed: int) -> list[list[str]]:
+        gens = self.engine.generate(encode_prompts(self.tokenizer, texts, self.budget, "reward-model samples"), n,
+                                    self.sampling, seed=seed)
+        return [gens.texts[i * n:(i + 1) * n] for i in range(len(texts))]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def questions(cfg, split: str, count: int) -> list[dict]:
+    """{prompt, gold, gold_steps (built-in task only)} for the first `count` questions of the split."""
+    rows = inputs.qa_rows(cfg, split)[:count or None]
+    steps = [r["steps"] for r in inputs.builtin_rows(cfg, split)] if inputs.is_builtin(cfg) else [None] * len(rows)
+    return [{"prompt": r["prompt"], "gold": gold_answer(str(r["answer"])), "gold_steps": s}
+            for r, s in zip(rows, steps)]
+
+
+def sample_records(sampler: PolicySampler, cfg, split: str, count: int) -> list[dict]:
+    """This rank's share of the questions, each with G labelled completions (G consecutive records)."""
+    info = dist.info()
+    mine = questions(cfg, split, count)[info.rank::info.world_size]
+    texts = [inputs.render(cfg, sampler.tokenizer, q["prompt"]) for q in mine]
+    torch.manual_seed(cfg.seed * 7 + SPLIT_SEED[split] * 1000 + info.rank)
+    samples = sampler.generate(texts, cfg.rollout.samples_per_prompt,
+                               seed=(cfg.seed * 1009 + SPLIT_SEED[split]) * 4099 + info.rank)
+    return [{"prompt_text": t, "completion": c, "gold": q["gold"], "gold_steps": q["gold_steps"],
+             "correct": bool(answers_match(extract_answer(c), q["gold"]))}
+            for q, t, group in zip(mine, texts, samples) for c in group]
+
+
+def gathered(local: list) -> list:
+    """Every rank's list, concatenated in rank order (the same on every rank)."""
+    return [x for part in dist.all_gather_object(local) for x in part]
+
+
+def pair_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[dict], dict]:
+    """RM examples from (correct, incorrect) sample pairs, and what was sampled."""
+    sampler = PolicySampler(cfg, tokenizer, device)
+    try:
+        records = sample_records(sampler, cfg, split, count)
+    finally:
+        sampler.close()
+    pairs = L.outcome_pairs(records, cfg.rollout.samples_per_prompt)
+    examples = gathered([encode_pair(tokenizer, p["prompt_text"], p["chosen"], p["rejected"], cfg.train.max_seq_len)
+                         for p in pairs])
+    return examples, summary(split, records)
+
+
+def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[dict], dict]:
+    """PRM examples: every sample's steps with exact or Monte-Carlo labels, and what was measured."""
+    a = cfg.algo
+    sampler = PolicySampler(cfg, tokenizer, device)
+    try:
+        records = sample_records(sampler, cfg, split, count)
+        rows, agree, total = [], 0, 0
+        for i, r in enumerate(records):
+            steps, _ = split_steps(r["completion"])
+            if not steps:
+                continue
+            exact = L.exact_step_labels(steps, r["gold_steps"], r["gold"]) if r["gold_steps"] is not None else None
+            if a.labels == "exact":
+                labels = exact
+            elif r["correct"]:  # its own completion reaches the gold answer from every prefix
+                labels = [1] * len(steps)
+            else:
+                prefixes = L.step_prefixes(steps)
+                continuations = sampler.generate([r["prompt_text"] + p for p in prefixes], a.mc_completions,
+                                                 seed=(cfg.seed * 31 + i) * 4099 + dist.info().rank)
+                labels, _ = L.mc_step_labels(continuations, prefixes, r["gold"])
+            if exact is not None and a.labels == "mc":
+                agree += sum(x == y for x, y in zip(labels, exact))
+                total += len(steps)
+            rows.append(encode_steps(tokenizer, r["prompt_text"], steps, labels, cfg.train.max_seq_len))
+    finally:
+        sampler.close()
+    examples = gathered([ex for ex in rows if ex["step_positions"]])
+    out = summary(split, records)
+    if total or a.labels == "mc":
+        agree, total = dist.all_reduce_sum([float(agree), float(total)])
+        if total:
+            out[f"{split}_mc_exact_agreement"] = agree / total
+    labels_1, steps_n = dist.all_reduce_sum([float(sum(sum(ex["step_labels"]) for ex in rows)),
+                                             float(sum(len(ex["step_labels"]) for ex in rows))])
+    out[f"{split}_step_label_mean"] = labels_1 / max(steps_n, 1.0)
+    return examples, out
+
+
+def summary(split: str, records: list[dict]) -> dict:
+    """Samples drawn and the share correct, over all ranks."""
+    n, correct = dist.all_reduce_sum([float(len(records)), float(sum(r["correct"] for r in records))])
+    return {f"{split}_samples": n, f"{split}_sample_accuracy": correct / max(n, 1.0)}

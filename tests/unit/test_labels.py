@@ -1,0 +1,36 @@
+"""Reward-model labels of a policy's samples: outcome pairs, exact step labels on the built-in task,
+Math-Shepherd Monte-Carlo labels from continuations (docs/algorithms.md §2)."""
+from rlft.data.labels import exact_step_labels, mc_step_labels, outcome_pairs, step_prefixes
+
+GOLD_STEPS = ["23+15=38", "38-7=31"]
+
+
+def test_exact_labels_follow_the_worked_solution_until_the_first_slip():
+    assert exact_step_labels(["23+15=38", "38-7=31", "#### 31"], GOLD_STEPS, "31") == [1, 1, 1]
+    # a dropped carry in step 1: it and every later reasoning step can no longer reach the answer
+    assert exact_step_labels(["23+15=48", "48-7=41", "#### 41"], GOLD_STEPS, "31") == [0, 0, 0]
+    assert exact_step_labels(["23+15=38", "38-7=32", "#### 32"], GOLD_STEPS, "31") == [1, 0, 0]
+    # a lucky final answer after a wrong step: the answer line itself is right
+    assert exact_step_labels(["23+15=39", "#### 31"], GOLD_STEPS, "31") == [0, 1]
+    # spacing does not matter; an extra line beyond the worked solution is wrong
+    assert exact_step_labels(["23 + 15 = 38", "38-7=31", "31+0=31"], GOLD_STEPS, "31") == [1, 1, 0]
+
+
+def test_mc_labels_are_the_math_shepherd_estimates():
+    steps = ["23+15=38", "38-7=32", "#### 32"]
+    prefixes = step_prefixes(steps)
+    assert prefixes[1] == "23+15=38\n38-7=32\n"
+    continuations = [["38-7=31\n#### 31", "38-7=30\n#### 30"],  # one of two reaches the gold answer
+                     ["#### 32", "32-1=31\n#### 31"],  # a lucky recovery still counts (hard estimate)
+                     ["", ""]]  # after a wrong answer line nothing reaches it
+    hard, soft = mc_step_labels(continuations, prefixes, "31")
+    assert hard == [1, 1, 0] and soft == [0.5, 0.5, 0.0]
+
+
+def test_outcome_pairs_stay_within_a_question():
+    records = [{"prompt_text": f"q{g}", "completion": f"c{g}{i}", "correct": c}
+               for g, flags in enumerate([(True, False, False, True), (True, True, True, True)])
+               for i, c in enumerate(flags)]
+    pairs = outcome_pairs(records, 4)
+    assert [(p["chosen"], p["rejected"]) for p in pairs] == [("c00", "c01"), ("c03", "c02")]
+    assert all(p["prompt_text"] == "q0" for p in pairs)
