@@ -391,6 +391,9 @@ class PRMConfig(RewardDataConfig):
     prefix reaches the gold answer)."""
     mc_completions: int = 4
     """labels=mc: continuations sampled per step prefix (by algo.sample_from)."""
+    good_step_weight: float = 1.0
+    """Weight of good steps in the loss (BCE's pos_weight); e.g. the bad/good ratio of the labels (about 3.4
+    for the built-in task's policy samples) balances the classes."""
     num_eval_rows: int = 200
     """Held-out step-labelled solutions for step accuracy."""
     frac_correct: float = 0.5

@@ -69,19 +69,23 @@ def prm_bce_loss(
     mask: Tensor,  # [N, S] valid steps
     from_logits: bool = True,
     reduction: str = "sum",
+    good_weight: float = 1.0,
 ) -> Tensor:
     """Math-Shepherd PRM loss (§2.2), per solution [N]:
 
         -sum_i [y_i log p_i + (1 - y_i) log(1 - p_i)]   over valid steps (reduction="sum"),
 
     or its mean over valid steps (reduction="mean"). Logits are the stable
-    default; probabilities are clamped by torch's BCE (log >= -100).
+    default; probabilities are clamped by torch's BCE (log >= -100). `good_weight` multiplies
+    the y log p term (BCE's pos_weight): > 1 counts good steps more when they are the minority.
     """
     labels = labels.to(pred.dtype)
     if from_logits:
-        bce = F.binary_cross_entropy_with_logits(pred, labels, reduction="none")
+        weight = torch.tensor(good_weight, dtype=pred.dtype, device=pred.device)
+        bce = F.binary_cross_entropy_with_logits(pred, labels, reduction="none", pos_weight=weight)
     else:
         bce = F.binary_cross_entropy(pred, labels, reduction="none")
+        bce = bce + (good_weight - 1.0) * labels * -torch.log(pred.clamp(min=1e-44)).clamp(max=100.0)
     total = masked_sum(bce, mask, dim=-1)
     if reduction == "sum":
         return total

@@ -12,6 +12,8 @@ For the built-in task the pairs and step labels are generated (correct vs corrup
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rlft import handoff
@@ -51,9 +53,9 @@ def step_logits(engine: Engine, examples: list[dict], pad_id: int):
     return scores.gather(1, positions), labels, mask
 
 
-def prm_loss(engine: Engine, examples: list[dict], num_steps_global: float, pad_id: int):
+def prm_loss(engine: Engine, examples: list[dict], num_steps_global: float, pad_id: int, good_weight: float = 1.0):
     logits, labels, mask = step_logits(engine, examples, pad_id)
-    per_solution = prm_bce_loss(logits, labels, mask, reduction="sum")
+    per_solution = prm_bce_loss(logits, labels, mask, reduction="sum", good_weight=good_weight)
     n_steps = mask.sum().item()
     correct = (((logits > 0).long() == labels).float() * mask).sum().item()
     # a solution is judged correct when its weakest step is (min over steps, §2.2)
@@ -89,12 +91,13 @@ def run_rm(cfg, ctx: common.StageContext) -> dict:
 def run_prm(cfg, ctx: common.StageContext) -> dict:
     """Train a process RM (algo=prm) on step-labelled solutions: the data's, or the policy's samples."""
     a = cfg.algo
+    loss = functools.partial(prm_loss, good_weight=a.good_step_weight)
     if a.source == "policy":
         return run(cfg, ctx, "prm", lambda tok, split: policy_data.step_examples(
             cfg, tok, split, a.num_prompts if split == "train" else a.num_eval_rows, ctx.info.device),
-            step_count, prm_loss)
+            step_count, loss)
     return run(cfg, ctx, "prm", lambda tok, split: (
-        held(inputs.step_examples(cfg, tok, split, a.frac_correct), split, a.num_eval_rows), {}), step_count, prm_loss)
+        held(inputs.step_examples(cfg, tok, split, a.frac_correct), split, a.num_eval_rows), {}), step_count, loss)
 
 
 def held(examples: list, split: str, num_eval: int) -> list:

@@ -90,3 +90,15 @@ def test_t11_solution_score_and_labels():
     hard, soft = math_shepherd_labels(torch.tensor([T11["completions_reaching_gold"], 0]), T11["N"])
     assert hard.tolist() == [T11["hard_label"], 0.0]
     assert soft.tolist() == [T11["soft_label"], 0.0]
+
+
+def test_prm_bce_good_weight_scales_the_good_steps_term():
+    logits = t([[0.3, -1.2, 2.0]])
+    labels = t([[1.0, 0.0, 1.0]])
+    mask = t([[1.0, 1.0, 1.0]])
+    probs = torch.sigmoid(logits)
+    expected = -(3.0 * torch.log(probs[0, 0]) + torch.log(1 - probs[0, 1]) + 3.0 * torch.log(probs[0, 2]))
+    torch.testing.assert_close(prm_bce_loss(logits, labels, mask, good_weight=3.0), expected[None], **TOL)
+    torch.testing.assert_close(prm_bce_loss(probs, labels, mask, from_logits=False, good_weight=3.0), expected[None],
+                               **TOL)
+    torch.testing.assert_close(prm_bce_loss(logits, labels, mask, good_weight=1.0), prm_bce_loss(logits, labels, mask))
