@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -50,6 +51,7 @@ WandbMode = choices("WandbMode", "auto online offline disabled")
 KLIn = choices("KLIn", "loss reward")
 RewardSource = choices("RewardSource", "data policy")
 StepLabels = choices("StepLabels", "exact mc")
+StepScorer = choices("StepScorer", "prm exact")
 KLAt = choices("KLAt", "old current")
 
 
@@ -71,6 +73,10 @@ class RunConfig:
 class TrainConfig:
     max_steps: int = 200
     """Optimizer steps to take (gradient-accumulation micro-steps not counted)."""
+    max_samples: int = 0
+    """A budget in training samples instead of steps (0: off): RL and online loops count sampled completions,
+    supervised stages the sequences trained on (a preference pair is two). When set it decides max_steps:
+    the fewest steps (whole rollouts, whole iterations) that reach it. Every stage logs `samples_seen`."""
     batch_size: int = 32
     """Global batch: sequences (or pairs, for reward models) per optimizer step, all ranks together."""
     micro_batch_per_device: int = 8
@@ -292,6 +298,9 @@ class RewardConfig:
     """Outcome reward model for the `rm` source: `stage:rm` (this run's RM) or a directory / hub id."""
     prm_path: str = "stage:prm"
     """Process reward model for the `prm` source and process supervision."""
+    process: StepScorer = StepScorer.prm
+    """Step scores for process supervision (algo.advantage=grpo_process): prm (the PRM at prm_path) | exact (the
+    built-in task's step verifier: 1 while the steps follow the worked solution; the bound a perfect PRM reaches)."""
 
 
 @dataclass
@@ -590,8 +599,36 @@ def needs_reference(cfg) -> bool:
     return a.kl_coef > 0 or (a.pairwise_loss is not None and PAIRWISE_LOSSES.needs(a.pairwise_loss, "reference"))
 
 
+def sequences_per_example(algo) -> int:
+    """Sequences in one training example of the loop: 2 for preference pairs, else 1."""
+    return 2 if algo_spec(algo).rows == "preference" else 1
+
+
+def samples_per_step(cfg) -> float:
+    """Training samples one optimizer step consumes (train.max_samples' unit): an RL step its share of a
+    rollout's completions, a supervised step its batch's sequences."""
+    if algo_spec(cfg.algo).rl:
+        a, r = cfg.algo, cfg.rollout
+        return r.prompts_per_step * r.samples_per_prompt / (a.updates_per_rollout * a.minibatches_per_rollout)
+    return cfg.train.batch_size * sequences_per_example(cfg.algo)
+
+
+def steps_for_budget(cfg, max_samples: int) -> int:
+    """The fewest optimizer steps whose samples reach max_samples: whole rollouts and, for iterative RL,
+    the same number of rollouts in every iteration."""
+    if not algo_spec(cfg.algo).rl:
+        return math.ceil(max_samples / samples_per_step(cfg))
+    a, r = cfg.algo, cfg.rollout
+    per_rollout = r.prompts_per_step * r.samples_per_prompt
+    rollouts = math.ceil(max_samples / per_rollout)
+    iterations = max(int(cfg.iterative.iterations), 1)
+    rollouts = math.ceil(rollouts / iterations) * iterations
+    return rollouts * a.updates_per_rollout * a.minibatches_per_rollout
+
+
 def derive(cfg) -> None:
-    """Fill values that follow from others: an RL optimizer step's batch is its rollout share."""
+    """Fill values that follow from others: an RL optimizer step's batch is its rollout share; a sample
+    budget (train.max_samples) sets train.max_steps."""
     if algo_spec(cfg.algo).rl:
         a, r = cfg.algo, cfg.rollout
         rollout = r.prompts_per_step * r.samples_per_prompt
@@ -599,6 +636,10 @@ def derive(cfg) -> None:
             raise ConfigError(f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout} is not divisible "
                               f"by algo.minibatches_per_rollout={a.minibatches_per_rollout}")
         cfg.train.batch_size = rollout // a.minibatches_per_rollout
+    if cfg.train.max_samples < 0:
+        raise ConfigError(f"train.max_samples={cfg.train.max_samples} must be >= 0 (0: train.max_steps decides)")
+    if cfg.train.max_samples:
+        cfg.train.max_steps = steps_for_budget(cfg, int(cfg.train.max_samples))
 
 
 @dataclass
@@ -804,6 +845,15 @@ def check_unused_options(cfg) -> None:
             and cfg.data.source != "builtin:arith":
         raise ConfigError("algo.labels=exact checks steps against the built-in task's worked solutions; with "
                           "other data use algo.labels=mc")
+    if cfg.reward.process != "prm":
+        from rlft.algos import ADVANTAGES
+
+        if not (rl and ADVANTAGES.needs(cfg.algo.advantage, "step_scores")):
+            unused.append(("reward", [f"process={cfg.reward.process}"],
+                           "only process supervision (algo.advantage=grpo_process) reads step scores"))
+        elif cfg.data.source != "builtin:arith":
+            raise ConfigError("reward.process=exact checks steps against the built-in task's worked solutions; "
+                              "with other data use a PRM (reward.process=prm)")
     for section, keys, reason in unused:
         if keys:
             raise ConfigError(f"{section}.{keys[0]} is set but never used: {reason}; remove it")

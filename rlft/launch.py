@@ -82,7 +82,8 @@ def preflight(cfg) -> None:
         handoff.resolve_model_path(cfg, cfg.critic.init)
     if "rm" in functions:
         handoff.resolve_model_path(cfg, cfg.reward.rm_path)
-    if "prm" in functions or (spec.rl and ADVANTAGES.needs(a.advantage, "step_scores")):
+    if "prm" in functions or (spec.rl and ADVANTAGES.needs(a.advantage, "step_scores")
+                              and cfg.reward.process == "prm"):
         handoff.resolve_model_path(cfg, cfg.reward.prm_path)
     if spec.samples:
         check_sources(cfg)

@@ -44,17 +44,22 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def write_table(stem: Path, header: list[str], rows: list[list[str]]) -> str:
+    """Write <stem>.md and <stem>.csv; returns the markdown table."""
+    stem = Path(stem)
+    table = markdown(header, rows)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text(table + "\n")
+    buf = io.StringIO()
+    csv.writer(buf).writerows([header] + rows)
+    stem.with_suffix(".csv").write_text(buf.getvalue())
+    return table
+
+
 def write_comparison(eval_root: Path, order: list[str] | None = None) -> str:
     """Write comparison.md and comparison.csv under eval_root; returns the markdown table."""
     eval_root = Path(eval_root)
-    header, rows = table_rows(load_records(eval_root), order)
-    table = markdown(header, rows)
-    eval_root.mkdir(parents=True, exist_ok=True)
-    (eval_root / "comparison.md").write_text(table + "\n")
-    buf = io.StringIO()
-    csv.writer(buf).writerows([header] + rows)
-    (eval_root / "comparison.csv").write_text(buf.getvalue())
-    return table
+    return write_table(eval_root / "comparison", *table_rows(load_records(eval_root), order))
 
 
 def main(argv: list[str]) -> None:
@@ -67,3 +72,40 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+# ----------------------------------------------------------------------------- several seeds
+SEED_COLUMNS = ["greedy_accuracy", "maj@K", "pass@K", "reward", "kl_to_ref"]
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    n = len(values)
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    return mean, var ** 0.5
+
+
+def seed_table(records: dict[str, dict], samples_seen: dict[str, float], rows: list[str], seeds: list[int],
+               baseline: str, gain_goal: float = 0.05) -> tuple[list[str], list[list[str]]]:
+    """One line per row name: mean ± std over seeds of the eval metrics of `<row>-s<seed>` records, the
+    greedy-accuracy gain over the baseline's record (`baseline`, evaluated once), whether the mean gain
+    reaches gain_goal, and the training samples each seed's run saw (`samples_seen[<row>-s<seed>]`)."""
+    base = records[baseline]["metrics"]
+    ks = [int(k.split("@")[1]) for k in base if k.startswith("pass@")]
+    cols = [c.replace("@K", f"@{max(ks)}") for c in SEED_COLUMNS] if ks else SEED_COLUMNS
+    header = ["model", "seeds", *cols, "gain (greedy)", f"≥ +{gain_goal * 100:g} pts", "samples seen"]
+    lines = [[baseline, "–", *(f"{base[c]:.3f}" for c in cols), "", "", ""]]
+    for row in rows:
+        tags = [f"{row}-s{s}" for s in seeds if f"{row}-s{s}" in records]
+        if not tags:
+            continue
+        cells = []
+        for c in cols:
+            mean, std = mean_std([records[t]["metrics"][c] for t in tags])
+            cells.append(f"{mean:.3f} ± {std:.3f}")
+        gain, gain_std = mean_std([records[t]["metrics"]["greedy_accuracy"] - base["greedy_accuracy"] for t in tags])
+        seen = sorted({int(samples_seen[t]) for t in tags if t in samples_seen})
+        lines.append([row, str(len(tags)), *cells, f"{round(gain * 100, 1) + 0.0:+.1f} ± {gain_std * 100:.1f} pts",
+                      "yes" if gain >= gain_goal else "no", "/".join(f"{s:,}" for s in seen)])
+    return header, lines

@@ -94,8 +94,9 @@ class ScoringModel:
         return out
 
     @torch.no_grad()
-    def steps(self, prompt_texts: list[str], completions: list[str]) -> tuple[list[list[float]], list[list[int]]]:
-        """PRM step probabilities and each step's end offset in its completion text."""
+    def steps(self, prompt_texts: list[str], completions: list[str],
+              rows: list[dict] | None = None) -> tuple[list[list[float]], list[list[int]]]:
+        """PRM step probabilities and each step's end offset in its completion text (`rows` unused)."""
         encoded, char_ends = [], []
         for p, c in zip(prompt_texts, completions):
             steps, ends = split_steps(c)
@@ -112,6 +113,26 @@ class ScoringModel:
             picked = scores.gather(1, positions).tolist()
             probs += [row[:len(ex["step_positions"])] for row, ex in zip(picked, chunk)]
         return probs, char_ends
+
+
+class ExactSteps:
+    """The built-in task's step verifier as a process reward (`reward.process=exact`): a step scores 1
+    while every step so far equals the row's worked solution (and an answer line when its answer is the
+    gold one), else 0 -- the labels a perfect PRM would give (docs/algorithms.md §2)."""
+
+    def steps(self, prompt_texts: list[str], completions: list[str],
+              rows: list[dict]) -> tuple[list[list[float]], list[list[int]]]:
+        from rlft.data.labels import exact_step_labels
+        from rlft.rewards.verifiers import gold_answer
+
+        scores, char_ends = [], []
+        for completion, row in zip(completions, rows):
+            steps, ends = split_steps(completion)
+            worked = [line for line in str(row["response"]).split("\n") if line.strip()
+                      and not line.lstrip().startswith("####")]
+            scores.append([float(x) for x in exact_step_labels(steps, worked, gold_answer(str(row["answer"])))])
+            char_ends.append(ends)
+        return scores, char_ends
 
 
 def source_weights(names: list[str], weights: list[float]) -> dict[str, float]:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from rlft import handoff, signals
+from rlft.config import samples_per_step
 from rlft.engine import CHECKPOINT_CONFIG, Engine, dist, list_checkpoints
 from rlft.engine.integrity import damage
 from rlft.tracking import Tracker
@@ -142,7 +143,7 @@ def resume_state(ctx: StageContext, engine: Engine, companions: dict | None = No
 
 
 # Keys that do not change what is trained: free to differ on resume (max_steps may grow to extend a run).
-RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.log_every", "train.save_every",
+RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.max_samples", "train.log_every", "train.save_every",
                "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite_steps", "train.save_on_signal",
                "logger", "eval", "run.objective", "run.dir", "engine.threads_per_rank", "engine.master_addr",
                "engine.master_port", "algo.eval_every", "algo.eval_problems", "rollout.vllm.gpu_memory_utilization",
@@ -269,7 +270,8 @@ def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn:
         tracker.advance()
         if done % t.log_every == 0 or done == t.max_steps:
             last = sums.reduce()
-            last.update(lr=engine.lr(), step_time_s=step_time / steps_since_log)
+            last.update(lr=engine.lr(), step_time_s=step_time / steps_since_log,
+                        samples_seen=done * samples_per_step(cfg))
             if engine.grad_norm() is not None:
                 last["grad_norm"] = engine.grad_norm()
             if evaluate is not None and eval_every and done % eval_every == 0 and done != t.max_steps:

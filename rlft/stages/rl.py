@@ -35,7 +35,7 @@ from rlft.config import needs_reference, trains_critic
 from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer, token_scores
-from rlft.rewards.scoring import RewardSet
+from rlft.rewards.scoring import ExactSteps, RewardSet
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import Sampling, build_engine
 from rlft.rollout.logprobs import batched_token_logp, chunk_rows, forward_logits, response_start, selective_logp
@@ -82,9 +82,14 @@ class RLStage:
         self.kl_ctl = AdaptiveKLController(self.kl_coef, self.a.kl_target, self.a.kl_horizon) \
             if self.a.adaptive_kl else None
         self.rewards = RewardSet(cfg, ctx.info.device)
-        self.step_prm = None  # process supervision: the PRM that scores every step
+        self.step_prm = None  # process supervision: the PRM that scores every step (or the exact step verifier)
+        self.step_scorer = None
         if ADVANTAGES.needs(self.a.advantage, "step_scores"):
-            self.step_prm = self.rewards.models.get("prm") or RewardSet.load_model(cfg, "prm", ctx.info.device)
+            if cfg.reward.process == "exact":
+                self.step_scorer = ExactSteps()
+            else:
+                self.step_prm = self.rewards.models.get("prm") or RewardSet.load_model(cfg, "prm", ctx.info.device)
+                self.step_scorer = self.step_prm
         self.train_rows = inputs.qa_rows(cfg, "train")
         self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
         r = cfg.rollout
@@ -94,6 +99,7 @@ class RLStage:
         self.is_correction = r.is_correction if r.is_correction != "auto" else \
             ("tis" if self.engine.name == "vllm" else "none")
         self.samples_log: list[dict] = []  # this iteration's scored samples (iterative RL)
+        self.samples_drawn = 0  # completions this rank sampled for training (dynamic sampling's extra rounds too)
         dist.print0(f"[rlft] rollout engine: {why}; importance-sampling correction: {self.is_correction}"
                     + (f" ({r.is_level}, C={r.is_cap})" if self.is_correction != "none" else ""))
 
@@ -112,6 +118,7 @@ class RLStage:
         prompt_texts = [inputs.render(self.cfg, tok, r["prompt"]) for r in rows]
         prompt_ids = encode_prompts(tok, prompt_texts, self.prompt_budget, "rollout")
         gens = self.generate(prompt_ids, G, self.sampling, seed)
+        self.samples_drawn += len(gens.texts)
         per_prompt = [prompt_ids[i] for i in gens.prompt_index]
         ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id)
         return rb.Rollout(rows=[rows[i] for i in gens.prompt_index],
@@ -126,8 +133,8 @@ class RLStage:
         r = self.cfg.reward
         ro.scores, ro.mask = rb.apply_truncation_policy(total, ro.mask, ro.truncated, r.truncation_policy,
                                                         r.truncation_penalty)
-        if self.step_prm is not None:
-            probs, char_ends = self.step_prm.steps(ro.prompt_texts, ro.completions)
+        if self.step_scorer is not None:
+            probs, char_ends = self.step_scorer.steps(ro.prompt_texts, ro.completions, ro.rows)
             ro.step_scores = probs
             ro.step_ends = [rb.step_columns(self.tokenizer, c, e, p) if e else []
                             for c, e, p in zip(ro.completion_ids, char_ends, ro.prompt_lens)]
@@ -420,6 +427,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     companions = {"critic": stage.critic} if stage.critic is not None else None
     resumed = common.resume_state(ctx, stage.policy, companions)
     start_step = int(resumed.get("step", 0))
+    stage.samples_drawn = int(resumed.get("samples_drawn", 0))
     if "kl_coef" in resumed:  # the adaptive KL controller's value when the checkpoint was written
         stage.kl_coef = float(resumed["kl_coef"])
         if stage.kl_ctl is not None:
@@ -458,13 +466,15 @@ def run(cfg, ctx: common.StageContext) -> dict:
             summary["reward_std"] = max(summary.pop("reward_sq") - summary["reward"] ** 2, 0.0) ** 0.5
             n_roll = max(1, t.log_every // steps_per_rollout)
             summary.update({f"time_{k}_s": v / n_roll for k, v in times.items()}, lr=stage.policy.lr(),
-                           iteration=iteration, kl_coef=stage.kl_coef)
+                           iteration=iteration, kl_coef=stage.kl_coef,
+                           samples_seen=int(dist.all_reduce_sum([float(stage.samples_drawn)])[0]))
             if a.eval_every and done % a.eval_every == 0 and done != t.max_steps:
                 summary.update(stage.greedy_accuracy())
             tracker.log(done, summary)
             stats, times = common.Sums(), {k: 0.0 for k in times}
         def save(done=done):
-            client = {"step": done, "rng": common.rng_state(), "kl_coef": stage.kl_coef}
+            client = {"step": done, "rng": common.rng_state(), "kl_coef": stage.kl_coef,
+                      "samples_drawn": stage.samples_drawn}
             if iterations > 1:  # this iteration's samples so far: what the reward models retrain on
                 client["samples_log"] = stage.samples_log
             return stage.policy.save_checkpoint(ctx.ckpt_root, done, client, t.keep_checkpoints, companions)

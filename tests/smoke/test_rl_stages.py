@@ -108,6 +108,17 @@ def test_grpo_process_supervision_with_the_prm(work):
 
 
 @pytest.mark.slow
+def test_grpo_process_supervision_with_the_exact_step_verifier_and_a_sample_budget(work):
+    shutil.rmtree(stage_dir(work, RUN, "prm"))  # the exact verifier needs no PRM
+    # a budget of 40 completions: 3 rollouts of 4 x 4 (the fewest that reach it)
+    train(work, "algo=grpo", "algo.advantage=grpo_process", "reward.process=exact", "train.max_samples=40")
+    recs = check_rl_metrics(work, "grpo", 3, kl=True)
+    assert [r["samples_seen"] for r in recs] == [16, 32, 48]
+    assert read_manifest(stage_dir(work, RUN, "grpo"))["summary"]["samples_seen"] == 48
+    check_outputs(work, "grpo", all_changed=False)
+
+
+@pytest.mark.slow
 def test_iterative_grpo_retrains_the_prm_and_resets_the_reference(work):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 

@@ -183,3 +183,35 @@ def test_public_contract_keys_exist(key):
     cfg = _compose([f"{key}=7" if key != "run.name" else "run.name=contract"])
     value = OmegaConf.select(cfg, key)
     assert value == (7 if key != "run.name" else "contract")
+
+
+def _steps_for(overrides: list[str]) -> int:
+    cfg = _compose(overrides)
+    rc.validate(cfg)
+    return int(cfg.train.max_steps)
+
+
+def test_a_sample_budget_sets_the_steps_of_every_loop():
+    # RL: whole rollouts; GRPO's rollout is 32 x 8 = 256 completions, one optimizer step each
+    assert _steps_for(["algo=grpo", "train.max_samples=25600"]) == 100
+    assert _steps_for(["algo=grpo", "train.max_samples=25601"]) == 101  # the fewest steps that reach it
+    # PPO: 64 x 1 per rollout, 2 epochs x 2 minibatches = 4 optimizer steps per rollout
+    assert _steps_for(["algo=ppo", "train.max_samples=25600"]) == 400 * 4
+    # P3O and online DPO: 64 x 2 per rollout
+    assert _steps_for(["algo=p3o", "train.max_samples=25600"]) == 200 * 4
+    assert _steps_for(["algo=online_dpo", "train.max_samples=25600"]) == 200
+    # iterative RL: the same number of rollouts in every iteration
+    assert _steps_for(["algo=grpo", "iterative.iterations=2", "train.max_samples=768"]) == 4
+    # supervised: sequences, a preference pair counting two
+    assert _steps_for(["algo=sft", "train.max_samples=640"]) == 640 // 32
+    assert _steps_for(["algo=dpo", "train.max_samples=640"]) == 640 // (2 * 32)
+    assert _steps_for(["algo=rft", "train.max_samples=640"]) == 640 // 32
+    assert _steps_for(["algo=grpo", "train.max_steps=7"]) == 7  # no budget: max_steps decides
+    _one_line_error(["train.max_samples=-1"], "train.max_samples=-1")
+
+
+def test_the_exact_step_scorer_needs_process_supervision_and_the_builtin_task():
+    rc.validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact"]))
+    _one_line_error(["algo=grpo", "reward.process=exact"], "reward.process=exact", "grpo_process")
+    _one_line_error(["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact", "data=jsonl",
+                     "data.source=/some/file.jsonl"], "reward.process=exact", "reward.process=prm")

@@ -34,3 +34,15 @@ def test_outcome_pairs_stay_within_a_question():
     pairs = outcome_pairs(records, 4)
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [("c00", "c01"), ("c03", "c02")]
     assert all(p["prompt_text"] == "q0" for p in pairs)
+
+
+def test_the_exact_step_scorer_scores_steps_against_the_rows_worked_solution():
+    from rlft.rewards.scoring import ExactSteps
+
+    row = {"response": "23+15=38\n38-7=31\n#### 31", "answer": "31"}
+    completions = ["23+15=38\n38-7=31\n#### 31", "23+15=48\n\n48-7=41\n#### 41", "23+15=38\n38-7=32\n#### 31"]
+    scores, ends = ExactSteps().steps(["p"] * 3, completions, [row] * 3)
+    assert scores == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 1.0]]
+    # each step's end offset in its completion (the blank line is not a step)
+    assert ends[1] == [len("23+15=48"), len("23+15=48\n\n48-7=41"), len(completions[1])]
+    assert [completions[0][:e].split("\n")[-1] for e in ends[0]] == ["23+15=38", "38-7=31", "#### 31"]

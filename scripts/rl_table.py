@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Every RL algorithm at an equal budget of training samples, several seeds, one table.
+
+    python scripts/rl_table.py                                  # budget 25,600, seeds 0,1,2
+    python scripts/rl_table.py --budget 6144 --jobs 2 --rows grpo,ppo,p3o_joint
+    python scripts/rl_table.py --dry-run                         # the commands, nothing run
+
+One SFT model, one outcome RM and one PRM (both trained on the SFT model's own samples, labelled by
+the answer verifier and the exact step checker) are trained first, unless complete. Then every row
+is trained from that SFT model once per seed with `train.max_samples=<budget>`: each online
+algorithm samples that many completions (rollouts x prompts x samples per prompt), offline RFT
+samples that many from the SFT model and trains on that many sequences, offline DPO trains on that
+many sequences (budget / 2 preference pairs). Every run is evaluated on the same held-out problems
+(greedy accuracy, maj@8, pass@8, reward and KL to the SFT model of its own samples).
+
+Runs go to runs/<run>/table/<row>/s<seed>/, evaluations to runs/<run>/eval/<row>-s<seed>/. Finished
+trainings and evaluations are not redone, so an interrupted table resumes where it stopped. Writes
+runs/<run>/rl_table.{md,csv}: mean ± std over seeds, the gain over SFT, and the samples each run saw.
+
+Overrides after `--` go to every rlft command; --rl-arg to the row trainings, --parent-arg to the
+SFT/RM/PRM trainings (`rm,prm:key=value` for some of them). --jobs N runs N trainings at once, one CPU thread each.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+# The reward models learn from the SFT model's own samples (docs/algorithms.md §2).
+PARENTS = {
+    "sft": ["algo=sft"],
+    "rm": ["algo=rm", "algo.source=policy", "algo.num_prompts=4000", "rollout.samples_per_prompt=8",
+           "train.max_steps=600"],
+    "prm": ["algo=prm", "algo.source=policy", "algo.num_prompts=4000", "rollout.samples_per_prompt=4",
+            "train.max_steps=600", "algo.good_step_weight=3.4"],
+}
+
+
+def rows(budget: int) -> dict[str, list[str]]:
+    """Row name -> the overrides of its training (each preset as shipped)."""
+    return {
+        "grpo": ["algo=grpo"],
+        "grpo_process": ["algo=grpo", "algo.advantage=grpo_process"],
+        "grpo_process_exact": ["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact"],
+        "grpo_iterative": ["algo=grpo", "algo.advantage=grpo_process", "iterative.iterations=2"],
+        "online_rft": ["algo=online_rft"],
+        "rft": ["algo=rft", f"algo.num_prompts={budget // 8}", "rollout.samples_per_prompt=8"],
+        "ppo": ["algo=ppo"],
+        "p3o_joint": ["algo=p3o", "algo.pairwise_loss=p3o_joint"],
+        "p3o_separate": ["algo=p3o", "algo.pairwise_loss=p3o_separate"],
+        "dpo": ["algo=dpo"],
+        "online_dpo": ["algo=online_dpo"],
+        "rloo": ["algo=rloo"],
+        "reinforce_pp": ["algo=reinforce_pp"],
+    }
+
+
+def complete(stage_dir: Path) -> bool:
+    return (stage_dir / "manifest.json").is_file()
+
+
+class Runner:
+    def __init__(self, args, common: list[str]):
+        self.args, self.common = args, common
+        self.root = args.root / args.run
+
+    def rlft(self, *cmd: str) -> None:
+        line = "rlft " + " ".join(cmd)
+        if self.args.dry_run:
+            print(line, flush=True)
+            return
+        tic = time.time()
+        print(f"[rl_table] {line}", flush=True)
+        log = self.root / "logs" / f"{abs(hash(line)) % 10 ** 8}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as f:
+            f.write(line + "\n")
+            f.flush()
+            code = subprocess.run([sys.executable, "-m", "rlft.cli", *cmd], stdout=f, stderr=subprocess.STDOUT).returncode
+        if code:
+            tail = log.read_text().strip().splitlines()[-3:]
+            raise SystemExit(f"rl_table: `{line[:120]}` failed (exit {code}); log {log}:\n" + "\n".join(tail))
+        print(f"[rl_table] done in {time.time() - tic:.0f} s: {line[:100]}", flush=True)
+
+    def threads(self) -> list[str]:
+        return ["engine.threads_per_rank=1"] if self.args.jobs > 1 else []
+
+    def parent(self, name: str) -> None:
+        if not complete(self.root / name):
+            preset = PARENTS[name] if self.args.reward_data == "policy" else PARENTS[name][:1]
+            self.rlft("train", *preset, *self.common, *parent_args(self.args.parent_arg, name))
+
+    def train_and_eval(self, row: str, overrides: list[str], seed: int) -> None:
+        out = self.root / "table" / row / f"s{seed}"
+        if not complete(out):
+            self.rlft("train", *overrides, f"train.max_samples={self.args.budget}", f"seed={seed}", f"run.dir={out}",
+                      *self.threads(), *self.common, *self.args.rl_arg)
+        self.evaluate(out / "final", f"{row}-s{seed}")
+
+    def evaluate(self, model: Path | str, tag: str) -> None:
+        if not (self.root / "eval" / tag / "eval.json").is_file():
+            self.rlft("eval", f"model.path={model}", f"eval.tag={tag}", "eval.reference=stage:sft",
+                      f"eval.num_problems={self.args.eval_problems}", *self.threads(), *self.common)
+
+
+def parent_args(specs: list[str], name: str) -> list[str]:
+    """The --parent-arg overrides for one parent: `key=value` for all, `rm,prm:key=value` for those named."""
+    out = []
+    for spec in specs:
+        head, sep, override = spec.partition(":")
+        if sep and "=" not in head:
+            if name in head.split(","):
+                out.append(override)
+        else:
+            out.append(spec)
+    return out
+
+
+def samples_seen(root: Path, names: list[str], seeds: list[int]) -> dict[str, float]:
+    out = {}
+    for row in names:
+        for s in seeds:
+            manifest = root / "table" / row / f"s{s}" / "manifest.json"
+            if manifest.is_file():
+                summary = json.loads(manifest.read_text()).get("summary", {})
+                if "samples_seen" in summary:
+                    out[f"{row}-s{s}"] = summary["samples_seen"]
+    return out
+
+
+def write_results(root: Path, names: list[str], seeds: list[int]) -> str:
+    from rlft.eval.compare import load_records, seed_table, write_table
+
+    lines = seed_table(load_records(root / "eval"), samples_seen(root, names, seeds), names, seeds, "sft")
+    return write_table(root / "rl_table", *lines)
+
+
+def main(argv: list[str]) -> None:
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", default="rl_table", help="run name (runs/<run>/...)")
+    p.add_argument("--root", type=Path, default=Path("runs"), help="run.root")
+    p.add_argument("--budget", type=int, default=25600, help="training samples per run (train.max_samples)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of every row")
+    p.add_argument("--rows", default="", help="comma-separated rows (default: all)")
+    p.add_argument("--jobs", type=int, default=1, help="trainings/evaluations at once (one CPU thread each)")
+    p.add_argument("--eval-problems", type=int, default=200, help="held-out problems per evaluation")
+    p.add_argument("--rl-arg", action="append", default=[], help="an override for the row trainings only")
+    p.add_argument("--parent-arg", action="append", default=[],
+                   help="an override for the SFT/RM/PRM trainings; `rm,prm:key=value` for some of them")
+    p.add_argument("--reward-data", choices=["policy", "data"], default="policy",
+                   help="what the RM and PRM learn from: the SFT model's samples, or the data's pairs/step labels")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = p.parse_args(argv)
+    table = rows(args.budget)
+    names = [r for r in args.rows.split(",") if r] or list(table)
+    unknown = [r for r in names if r not in table]
+    if unknown:
+        raise SystemExit(f"rl_table: unknown row(s) {', '.join(unknown)}; valid: {', '.join(table)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    runner = Runner(args, [f"run.name={args.run}", f"run.root={args.root}", *extra])
+    tic = time.time()
+    for name in PARENTS:
+        runner.parent(name)
+    runner.evaluate("stage:sft", "sft")
+    jobs = [(row, seed) for seed in seeds for row in names]
+    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        for future in [pool.submit(runner.train_and_eval, row, table[row], seed) for row, seed in jobs]:
+            future.result()
+    if args.dry_run:
+        return
+    print(write_results(runner.root, names, seeds))
+    print(f"[rl_table] wrote {runner.root / 'rl_table.md'} ({time.time() - tic:.0f} s)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

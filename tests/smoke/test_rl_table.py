@@ -1,0 +1,55 @@
+"""scripts/rl_table.py on the tiny model: parents (SFT, and RM/PRM on the SFT model's own samples),
+(a random-init tiny model never answers correctly, so
+its RM and PRM learn from the data's pairs and step labels here), three rows at one equal sample budget, their evaluations, the table; a second invocation trains and
+evaluates nothing. The rows are rewarded by a user function that scores every other completion 1
+(the random-init policy never answers correctly, and offline RFT needs samples to keep)."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TINY
+from rl_helpers import USER_REWARD, rl_env
+
+pytestmark = pytest.mark.slow
+
+BUDGET = 32
+ARGS = ["--run", "tb", "--rows", "grpo,dpo,rft", "--seeds", "0", "--budget", str(BUDGET), "--eval-problems", "4",
+        "--parent-arg", "train.max_steps=2", "--parent-arg", "train.batch_size=8",
+        "--parent-arg", "train.micro_batch_per_device=8", "--reward-data", "data",
+        "--rl-arg", "rollout.prompts_per_step=2", "--rl-arg", "train.micro_batch_per_device=4",
+        "--rl-arg", "train.batch_size=4", "--rl-arg", f"reward.functions=[{USER_REWARD}:alternate]",
+        "--rl-arg", "rollout.max_new_tokens=64",  # offline RFT keeps finished samples only
+        "--", *TINY, "rollout.max_new_tokens=12", "eval.max_new_tokens=12", "eval.samples=2", "eval.k=[1,2]",
+        "eval.policy_samples=2"]
+
+
+def run(tmp_path, *extra):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "rl_table.py"), *ARGS[:-len(TINY) - 6], *extra,
+                           *ARGS[-len(TINY) - 6:]],
+                          cwd=tmp_path, env=rl_env(), capture_output=True, text=True, timeout=900)
+
+
+def test_every_row_sees_the_same_number_of_samples(tmp_path):
+    proc = run(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    root = tmp_path / "runs" / "tb"
+    lines = list(csv.DictReader(open(root / "rl_table.csv")))
+    assert [line["model"] for line in lines] == ["sft", "grpo", "dpo", "rft"]
+    # GRPO: 2 rollouts of 2 prompts x 8 samples; DPO: 4 steps of 4 pairs; RFT: 8 steps of 4 sequences
+    assert [line["samples seen"] for line in lines[1:]] == [str(BUDGET)] * 3
+    for row in ("grpo", "dpo", "rft"):
+        manifest = json.loads((root / "table" / row / "s0" / "manifest.json").read_text())
+        assert manifest["summary"]["samples_seen"] == BUDGET
+        assert (root / "eval" / f"{row}-s0" / "eval.json").is_file()
+    rft = json.loads((root / "table" / "rft" / "s0" / "manifest.json").read_text())["summary"]
+    assert rft["rft_sampled"] == BUDGET  # offline RFT samples the budget once from the SFT model
+    assert "± 0.000" in (root / "rl_table.md").read_text()
+
+    again = run(tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "rlft train" not in again.stdout and "rlft eval" not in again.stdout
