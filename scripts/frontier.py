@@ -6,20 +6,23 @@ algorithm's frontier.
     python scripts/frontier.py                                   # PPO, P3O, GRPO on the built-in task
     python scripts/frontier.py --run frontier --algos ppo,p3o,grpo,online_dpo --steps 100
     python scripts/frontier.py --betas grpo=0,0.04,0.2 --rl-arg rollout.prompts_per_step=16 -- engine.threads_per_rank=1
+    python scripts/frontier.py --algos ppo,p3o --budget 6400 --seeds 0,1,2     # equal samples, 3 seeds
 
 Overrides after `--` go to every rlft command (training and evaluation); --rl-arg and --parent-arg
 to the RL trainings or the SFT/RM trainings only.
 
-Per algorithm one Hydra multirun, `rlft train -m algo=<algo> algo.kl_coef=<b1>,<b2>,...` (online DPO:
-`pairwise.beta`), into
+Per algorithm one Hydra multirun, `rlft train -m algo=<algo> algo.kl_coef=<b1>,<b2>,... seed=<s1>,...`
+(online DPO: `pairwise.beta`), each run `--steps` optimizer steps or, with `--budget`, that many sampled
+completions (`train.max_samples`: equal samples whatever the algorithm's rollout shape), into
 runs/<run>/frontier/<algo>/<job>/; the SFT (and RM, which PPO's critic starts from) are trained
 first unless complete. Each job is then evaluated with `rlft eval` on the same held-out problems:
 the mean reward of the policy's own samples at temperature 1 and the sequence-level KL to the SFT
 model on the same samples (eval.reference=stage:sft). Finished trainings and evaluations are not
 redone, so an interrupted frontier resumes where it stopped.
 
-Writes runs/<run>/frontier/frontier.csv (algo, beta, reward, kl_to_ref, accuracy, ...) and
-frontier.png (reward against KL, one line per algorithm, the SFT model at KL 0).
+Writes runs/<run>/frontier/frontier.csv (algo, beta, seed, reward, kl_to_ref, accuracy, ...; one row per
+run) and frontier.png (reward against KL, one line per algorithm through the means over seeds, with
+±1 std bars; the SFT model at KL 0).
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ DEFAULT_BETAS = {"ppo": [0.01, 0.05, 0.2], "p3o": [0.01, 0.05, 0.2], "grpo": [0.
                  "online_dpo": [0.05, 0.1, 0.5]}
 # The key that sets each algorithm's KL strength: DPO's beta for online DPO, algo.kl_coef otherwise.
 BETA_KEY = {"online_dpo": "pairwise.beta"}
-COLUMNS = ["algo", "beta", "reward", "kl_to_ref", "kl_to_ref_per_token", "greedy_accuracy", "rm_score", "dir"]
+COLUMNS = ["algo", "beta", "seed", "reward", "kl_to_ref", "kl_to_ref_per_token", "greedy_accuracy", "rm_score",
+           "samples_seen", "dir"]
 
 
 def rlft(*args: str) -> None:
@@ -61,33 +65,42 @@ def beta_of(stage_dir: Path) -> float:
                                   BETA_KEY.get(stage_dir.name, "algo.kl_coef")))
 
 
+def seed_of(stage_dir: Path) -> int:
+    from omegaconf import OmegaConf
+
+    return int(OmegaConf.load(stage_dir / "config.yaml").seed)
+
+
 def finished(sweep: Path, algo: str) -> list[Path]:
     return [d for sub in sorted(sweep.glob("sweep*")) for d in job_dirs(sub, algo) if complete(d)]
 
 
 def train_sweep(args, algo: str, betas: list[float], common: list[str]) -> list[Path]:
     sweep = args.root / args.run / "frontier" / algo
-    done = {beta_of(d) for d in finished(sweep, algo)}
-    todo = [b for b in betas if b not in done]
-    if todo:
-        # one multirun for the betas still missing (an interrupted frontier adds a new sub-sweep)
-        sub = sweep / f"sweep{len(list(sweep.glob('sweep*')))}"
-        rlft("train", "-m", f"algo={algo}", f"{BETA_KEY.get(algo, 'algo.kl_coef')}={','.join(str(b) for b in todo)}",
-             f"train.max_steps={args.steps}", f"hydra.sweep.dir={sub}", *common, *args.rl_arg)
-    return [d for d in finished(sweep, algo) if beta_of(d) in betas]
+    done = {(beta_of(d), seed_of(d)) for d in finished(sweep, algo)}
+    length = f"train.max_samples={args.budget}" if args.budget else f"train.max_steps={args.steps}"
+    for seed in args.seeds:
+        todo = [b for b in betas if (b, seed) not in done]
+        if todo:
+            # one multirun per seed for the betas still missing (an interrupted frontier adds a new sub-sweep)
+            sub = sweep / f"sweep{len(list(sweep.glob('sweep*')))}"
+            rlft("train", "-m", f"algo={algo}", f"{BETA_KEY.get(algo, 'algo.kl_coef')}={','.join(str(b) for b in todo)}",
+                 f"seed={seed}", length, f"hydra.sweep.dir={sub}", *common, *args.rl_arg)
+    return [d for d in finished(sweep, algo) if beta_of(d) in betas and seed_of(d) in args.seeds]
 
 
 def evaluate(args, algo: str, stage_dir: Path, common: list[str]) -> dict:
-    beta = beta_of(stage_dir)
-    tag = f"frontier_{algo}_beta{beta:g}"
+    beta, seed = beta_of(stage_dir), seed_of(stage_dir)
+    tag = f"frontier_{algo}_beta{beta:g}" + (f"_s{seed}" if seed else "")
     record = args.root / args.run / "eval" / tag / "eval.json"
     if not record.is_file() or record.stat().st_mtime < (stage_dir / "manifest.json").stat().st_mtime:
         rlft("eval", f"model.path={stage_dir / 'final'}", f"eval.tag={tag}", "eval.reference=stage:sft",
              *args.eval_args, *common)
     m = json.loads(record.read_text())["metrics"]
-    return {"algo": algo, "beta": beta, "reward": m["reward"], "kl_to_ref": m["kl_to_ref"],
+    seen = json.loads((stage_dir / "manifest.json").read_text()).get("summary", {}).get("samples_seen", "")
+    return {"algo": algo, "beta": beta, "seed": seed, "reward": m["reward"], "kl_to_ref": m["kl_to_ref"],
             "kl_to_ref_per_token": m["kl_to_ref_per_token"], "greedy_accuracy": m["greedy_accuracy"],
-            "rm_score": m.get("rm_score", ""), "dir": str(stage_dir)}
+            "rm_score": m.get("rm_score", ""), "samples_seen": seen, "dir": str(stage_dir)}
 
 
 def sft_point(args, common: list[str]) -> dict:
@@ -96,29 +109,47 @@ def sft_point(args, common: list[str]) -> dict:
     if not record.is_file() or record.stat().st_mtime < (sft / "manifest.json").stat().st_mtime:
         rlft("eval", "model.path=stage:sft", "eval.tag=frontier_sft", *args.eval_args, *common)
     m = json.loads(record.read_text())["metrics"]
-    return {"algo": "sft", "beta": "", "reward": m["reward"], "kl_to_ref": 0.0, "kl_to_ref_per_token": 0.0,
-            "greedy_accuracy": m["greedy_accuracy"], "rm_score": m.get("rm_score", ""), "dir": str(sft)}
+    return {"algo": "sft", "beta": "", "seed": "", "reward": m["reward"], "kl_to_ref": 0.0, "kl_to_ref_per_token": 0.0,
+            "greedy_accuracy": m["greedy_accuracy"], "rm_score": m.get("rm_score", ""), "samples_seen": "",
+            "dir": str(sft)}
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def mean_points(rows: list[dict]) -> list[dict]:
+    """One point per (algo, beta): mean and std over its seeds of reward, KL and greedy accuracy."""
+    from rlft.eval.compare import mean_std
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["algo"], r["beta"]), []).append(r)
+    points = []
+    for (algo, beta), runs in groups.items():
+        point = {"algo": algo, "beta": beta, "seeds": len(runs)}
+        for key in ("reward", "kl_to_ref", "greedy_accuracy"):
+            point[key], point[key + "_std"] = mean_std([float(r[key]) for r in runs])
+        points.append(point)
+    return points
+
+
+def plot(points: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    sft = [r for r in rows if r["algo"] == "sft"]
-    for algo in dict.fromkeys(r["algo"] for r in rows if r["algo"] != "sft"):
-        points = sorted((r for r in rows if r["algo"] == algo), key=lambda r: r["kl_to_ref"])
-        xs, ys = [r["kl_to_ref"] for r in points], [r["reward"] for r in points]
-        line, = ax.plot(xs, ys, marker="o", label=algo)
-        for r in points:
+    sft = [r for r in points if r["algo"] == "sft"]
+    for algo in dict.fromkeys(r["algo"] for r in points if r["algo"] != "sft"):
+        line = sorted((r for r in points if r["algo"] == algo), key=lambda r: r["kl_to_ref"])
+        bars = ax.errorbar([r["kl_to_ref"] for r in line], [r["reward"] for r in line],
+                           xerr=[r["kl_to_ref_std"] for r in line], yerr=[r["reward_std"] for r in line],
+                           marker="o", capsize=3, label=algo)
+        for r in line:
             ax.annotate(f"β={r['beta']:g}", (r["kl_to_ref"], r["reward"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points", color=line.get_color())
+                        textcoords="offset points", color=bars.lines[0].get_color())
     if sft:
         ax.scatter([0.0], [sft[0]["reward"]], color="black", marker="s", label="SFT (KL 0)", zorder=3)
     ax.set_xlabel("KL(policy || SFT), nats per completion (held-out prompts)")
     ax.set_ylabel("reward of the policy's samples (held-out)")
-    ax.set_title("KL-reward frontier")
+    ax.set_title("KL-reward frontier" + (" (mean ± std over seeds)" if any(r["seeds"] > 1 for r in points) else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -144,13 +175,16 @@ def main(argv: list[str]) -> None:
     p.add_argument("--root", type=Path, default=Path("runs"), help="run.root")
     p.add_argument("--algos", default="ppo,p3o,grpo", help="comma-separated RL algorithms")
     p.add_argument("--betas", action="append", default=[], help="<algo>=<b1>,<b2>,... (repeatable)")
-    p.add_argument("--steps", type=int, default=100, help="RL optimizer steps per run")
+    p.add_argument("--steps", type=int, default=100, help="RL optimizer steps per run (without --budget)")
+    p.add_argument("--budget", type=int, default=0, help="sampled completions per run (train.max_samples)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds of every (algo, beta)")
     p.add_argument("--eval-problems", type=int, default=200, help="held-out problems per evaluation")
     p.add_argument("--policy-samples", type=int, default=4, help="samples per problem for reward and KL")
     p.add_argument("--rl-arg", action="append", default=[], help="an override for the RL trainings only")
     p.add_argument("--parent-arg", action="append", default=[], help="an override for the SFT and RM trainings only")
     args = p.parse_args(argv)
     algos = [a for a in args.algos.split(",") if a]
+    args.seeds = [int(x) for x in args.seeds.split(",") if x]
     betas = parse_betas(args.betas, algos)
     common = [f"run.name={args.run}", f"run.root={args.root}", *extra]
     args.eval_args = [f"eval.num_problems={args.eval_problems}", f"eval.policy_samples={args.policy_samples}",
@@ -168,11 +202,13 @@ def main(argv: list[str]) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    plot(rows, out / "frontier.png")
-    print("| algo | beta | reward | KL to SFT (nats) | greedy accuracy |\n|---|---|---|---|---|")
-    for r in rows:
+    points = mean_points(rows)
+    plot(points, out / "frontier.png")
+    print("| algo | beta | seeds | reward | KL to SFT (nats) | greedy accuracy |\n|---|---|---|---|---|---|")
+    for r in points:
         beta = f"{r['beta']:g}" if r["beta"] != "" else "-"
-        print(f"| {r['algo']} | {beta} | {r['reward']:.3f} | {r['kl_to_ref']:.3f} | {r['greedy_accuracy']:.3f} |")
+        cells = [f"{r[k]:.3f} ± {r[k + '_std']:.3f}" for k in ("reward", "kl_to_ref", "greedy_accuracy")]
+        print(f"| {r['algo']} | {beta} | {r['seeds']} | " + " | ".join(cells) + " |")
     print(f"[frontier] wrote {out / 'frontier.csv'} and {out / 'frontier.png'}")
 
 

@@ -1,5 +1,5 @@
-"""scripts/frontier.py on the tiny model: a beta sweep per algorithm (Hydra multirun), an evaluation
-per run against the SFT model, the CSV and the PNG; a second invocation trains and evaluates nothing."""
+"""scripts/frontier.py on the tiny model: a beta sweep per algorithm and seed (Hydra multirun) at an
+equal sample budget, an evaluation per run against the SFT model, the CSV and the PNG; a second invocation trains and evaluates nothing."""
 from __future__ import annotations
 
 import csv
@@ -12,7 +12,7 @@ from conftest import REPO, TINY, cli_env
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--run", "fr", "--algos", "grpo,p3o", "--betas", "grpo=0.01,0.5", "--betas", "p3o=0.05", "--steps", "2",
+ARGS = ["--run", "fr", "--algos", "grpo,p3o", "--betas", "grpo=0.5", "--betas", "p3o=0.05", "--budget", "16", "--seeds", "0,1",
         "--eval-problems", "4", "--policy-samples", "2",
         "--parent-arg", "train.max_steps=3", "--parent-arg", "train.batch_size=8",
         "--parent-arg", "train.micro_batch_per_device=8",
@@ -35,14 +35,18 @@ def test_frontier_sweeps_beta_evaluates_and_plots(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = tmp_path / "runs" / "fr" / "frontier"
     rows = list(csv.DictReader(open(out / "frontier.csv")))
-    assert [(r["algo"], r["beta"]) for r in rows] == [("sft", ""), ("grpo", "0.01"), ("grpo", "0.5"), ("p3o", "0.05")]
+    assert sorted((r["algo"], r["beta"], r["seed"]) for r in rows) == [
+        ("grpo", "0.5", "0"), ("grpo", "0.5", "1"), ("p3o", "0.05", "0"), ("p3o", "0.05", "1"), ("sft", "", "")]
     for r in rows[1:]:
+        # equal samples: 2 rollouts of 2 prompts x 4 completions, whatever the algorithm
+        assert r["samples_seen"] == "16"
         assert float(r["kl_to_ref"]) == float(r["kl_to_ref"])  # a number (not NaN)
         assert 0.0 <= float(r["reward"]) <= 1.0
         assert (tmp_path / r["dir"] / "manifest.json").is_file() and "/frontier/" in r["dir"]
     assert mpimg.imread(out / "frontier.png").shape[0] > 100
     # each beta ran as a job of one multirun per algorithm, which wrote its sweep summary
-    assert (out / "grpo" / "sweep0" / "summary.md").is_file()
+    assert (out / "grpo" / "sweep0" / "summary.md").is_file() and (out / "grpo" / "sweep1" / "summary.md").is_file()
+    assert "| grpo | 0.5 | 2 |" in proc.stdout  # the table of means over the two seeds
 
     again = run(tmp_path)
     assert again.returncode == 0
