@@ -53,3 +53,15 @@ def test_every_row_sees_the_same_number_of_samples(tmp_path):
     again = run(tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "rlft train" not in again.stdout and "rlft eval" not in again.stdout
+
+    # maj@K / pass@K curves of the SFT model and the table's GRPO seeds (scripts/passk_curve.py)
+    curve = subprocess.run([sys.executable, str(REPO / "scripts" / "passk_curve.py"), "--run", "tb", "--rows", "grpo",
+                            "--kmax", "4", "--eval-problems", "4", "--", *TINY, "eval.max_new_tokens=12"],
+                           cwd=tmp_path, env=rl_env(), capture_output=True, text=True, timeout=600)
+    assert curve.returncode == 0, curve.stdout[-2000:] + curve.stderr[-3000:]
+    points = list(csv.DictReader(open(root / "passk" / "passk.csv")))
+    assert [(p["model"], p["k"]) for p in points] == [(m, k) for m in ("sft", "grpo") for k in ("1", "2", "4")]
+    for m in ("sft", "grpo"):
+        passes = [float(p["pass"]) for p in points if p["model"] == m]
+        assert passes == sorted(passes)  # pass@K never falls with K
+    assert (root / "passk" / "passk.png").stat().st_size > 1000
