@@ -116,7 +116,9 @@ def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
             if exact is not None and a.labels == "mc":
                 agree += sum(x == y for x, y in zip(labels, exact))
                 total += len(steps)
-            rows.append(encode_steps(tokenizer, r["prompt_text"], steps, labels, cfg.train.max_seq_len))
+            # the question and the outcome let the held-out evaluation pair a correct with an incorrect sample
+            rows.append({**encode_steps(tokenizer, r["prompt_text"], steps, labels, cfg.train.max_seq_len),
+                         "question": r["prompt_text"], "correct": r["correct"]})
     finally:
         sampler.close()
     examples = gathered([ex for ex in rows if ex["step_positions"]])

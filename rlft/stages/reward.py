@@ -72,6 +72,28 @@ def prm_loss(engine: Engine, examples: list[dict], num_steps_global: float, pad_
     return per_solution.sum() / num_steps_global, stats
 
 
+def solution_pair_accuracy(engine: Engine, examples: list[dict], pad_id: int, micro: int) -> dict:
+    """The PRM as an outcome verifier: its solution score (the minimum step logit, §2.2) of a correct sample
+    against an incorrect sample of the same question, paired in order within each question as the RM's
+    pairs are. Every rank scores every example (the same forwards on each rank, as ZeRO-3 requires)."""
+    scores: list[float] = []
+    with engine.evaluating():
+        for i in range(0, len(examples), micro):
+            logits, _, mask = step_logits(engine, examples[i:i + micro], pad_id)
+            scores += torch.where(mask.bool(), logits, torch.full_like(logits, float("inf"))).min(-1).values.tolist()
+    return paired_accuracy([ex["question"] for ex in examples], [ex["correct"] for ex in examples], scores)
+
+
+def paired_accuracy(questions: list[str], correct: list[bool], scores: list[float]) -> dict:
+    """{eval_pair_acc}: the share of (correct, incorrect) pairs of one question, paired in order, that the
+    scores rank right (empty when no question has both)."""
+    by_question: dict[str, tuple[list, list]] = {}
+    for q, ok, score in zip(questions, correct, scores):
+        by_question.setdefault(q, ([], []))[0 if ok else 1].append(score)
+    pairs = [(w, lose) for good, bad in by_question.values() for w, lose in zip(good, bad)]
+    return {"eval_pair_acc": sum(w > lose for w, lose in pairs) / len(pairs)} if pairs else {}
+
+
 def step_count(examples: list[dict]) -> int:
     """Labelled steps in a batch of step-labelled solutions (the PRM loss's global normaliser)."""
     return sum(len(ex["step_positions"]) for ex in examples)
@@ -124,8 +146,16 @@ def run(cfg, ctx: common.StageContext, head: str, examples, count_fn, loss) -> d
     dist.print0(f"{head}: {len(train)} training and {len(test)} held-out examples"
                 + (f"; {train_info | test_info}" if train_info else ""))
     engine = Engine(cfg, model)
-    evaluate = (lambda: common.held_out(engine, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
-    summary = common.supervised_loop(ctx, engine, train, count_fn, loss_fn, evaluate, cfg.algo.eval_every)
+    micro = cfg.train.micro_batch_per_device
+
+    def evaluate() -> dict:
+        out = common.held_out(engine, test, loss_fn, micro)
+        if head == "prm" and "correct" in test[0]:  # policy samples: the PRM's solution scores, paired
+            out.update(solution_pair_accuracy(engine, test, pad, micro))
+        return out
+
+    summary = common.supervised_loop(ctx, engine, train, count_fn, loss_fn, evaluate if test else None,
+                                     cfg.algo.eval_every)
     summary.update(train_info, **test_info)
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary

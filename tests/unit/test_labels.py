@@ -46,3 +46,13 @@ def test_the_exact_step_scorer_scores_steps_against_the_rows_worked_solution():
     # each step's end offset in its completion (the blank line is not a step)
     assert ends[1] == [len("23+15=48"), len("23+15=48\n\n48-7=41"), len(completions[1])]
     assert [completions[0][:e].split("\n")[-1] for e in ends[0]] == ["23+15=38", "38-7=31", "#### 31"]
+
+
+def test_the_prms_solution_scores_are_paired_like_the_rms_pairs():
+    from rlft.stages.reward import paired_accuracy
+
+    questions = ["a", "a", "a", "b", "b", "c"]
+    correct = [True, False, False, True, False, True]
+    # a: (0.9 vs 0.5) right; b: (0.1 vs 0.4) wrong; c has no incorrect sample; a's second incorrect is unpaired
+    assert paired_accuracy(questions, correct, [0.9, 0.5, 0.95, 0.1, 0.4, 0.3]) == {"eval_pair_acc": 0.5}
+    assert paired_accuracy(["a", "b"], [True, True], [1.0, 2.0]) == {}
