@@ -37,6 +37,14 @@ DEFAULT_BETAS = {"ppo": [0.01, 0.05, 0.2], "p3o": [0.01, 0.05, 0.2], "grpo": [0.
                  "online_dpo": [0.05, 0.1, 0.5]}
 # The key that sets each algorithm's KL strength: DPO's beta for online DPO, algo.kl_coef otherwise.
 BETA_KEY = {"online_dpo": "pairwise.beta"}
+# Algorithms that are a preset with other options: name -> (preset, overrides).
+VARIANTS = {"p3o_separate": ("p3o", ["algo.pairwise_loss=p3o_separate"])}
+DEFAULT_BETAS["p3o_separate"] = DEFAULT_BETAS["p3o"]
+
+
+def preset(algo: str) -> tuple[str, list[str]]:
+    """The preset an algorithm of the frontier runs, and the overrides that make it that algorithm."""
+    return VARIANTS.get(algo, (algo, []))
 COLUMNS = ["algo", "beta", "seed", "reward", "kl_to_ref", "kl_to_ref_per_token", "greedy_accuracy", "rm_score",
            "samples_seen", "dir"]
 
@@ -77,16 +85,18 @@ def finished(sweep: Path, algo: str) -> list[Path]:
 
 def train_sweep(args, algo: str, betas: list[float], common: list[str]) -> list[Path]:
     sweep = args.root / args.run / "frontier" / algo
-    done = {(beta_of(d), seed_of(d)) for d in finished(sweep, algo)}
+    name, options = preset(algo)  # each job writes <sweep>/<job>/<preset name>/
+    done = {(beta_of(d), seed_of(d)) for d in finished(sweep, name)}
     length = f"train.max_samples={args.budget}" if args.budget else f"train.max_steps={args.steps}"
     for seed in args.seeds:
         todo = [b for b in betas if (b, seed) not in done]
         if todo:
             # one multirun per seed for the betas still missing (an interrupted frontier adds a new sub-sweep)
             sub = sweep / f"sweep{len(list(sweep.glob('sweep*')))}"
-            rlft("train", "-m", f"algo={algo}", f"{BETA_KEY.get(algo, 'algo.kl_coef')}={','.join(str(b) for b in todo)}",
+            rlft("train", "-m", f"algo={name}", *options,
+                 f"{BETA_KEY.get(name, 'algo.kl_coef')}={','.join(str(b) for b in todo)}",
                  f"seed={seed}", length, f"hydra.sweep.dir={sub}", *common, *args.rl_arg)
-    return [d for d in finished(sweep, algo) if beta_of(d) in betas and seed_of(d) in args.seeds]
+    return [d for d in finished(sweep, name) if beta_of(d) in betas and seed_of(d) in args.seeds]
 
 
 def evaluate(args, algo: str, stage_dir: Path, common: list[str]) -> dict:
@@ -173,7 +183,8 @@ def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", default="frontier", help="run name (runs/<run>/...)")
     p.add_argument("--root", type=Path, default=Path("runs"), help="run.root")
-    p.add_argument("--algos", default="ppo,p3o,grpo", help="comma-separated RL algorithms")
+    p.add_argument("--algos", default="ppo,p3o,grpo", help="comma-separated RL algorithms: presets, or "
+                   + ", ".join(f"{k} ({v[0]} with {' '.join(v[1])})" for k, v in VARIANTS.items()))
     p.add_argument("--betas", action="append", default=[], help="<algo>=<b1>,<b2>,... (repeatable)")
     p.add_argument("--steps", type=int, default=100, help="RL optimizer steps per run (without --budget)")
     p.add_argument("--budget", type=int, default=0, help="sampled completions per run (train.max_samples)")

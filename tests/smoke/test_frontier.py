@@ -12,7 +12,7 @@ from conftest import REPO, TINY, cli_env
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--run", "fr", "--algos", "grpo,p3o", "--betas", "grpo=0.5", "--betas", "p3o=0.05", "--budget", "16", "--seeds", "0,1",
+ARGS = ["--run", "fr", "--algos", "grpo,p3o_separate", "--betas", "grpo=0.5", "--betas", "p3o_separate=0.05", "--budget", "16", "--seeds", "0,1",
         "--eval-problems", "4", "--policy-samples", "2",
         "--parent-arg", "train.max_steps=3", "--parent-arg", "train.batch_size=8",
         "--parent-arg", "train.micro_batch_per_device=8",
@@ -36,13 +36,15 @@ def test_frontier_sweeps_beta_evaluates_and_plots(tmp_path):
     out = tmp_path / "runs" / "fr" / "frontier"
     rows = list(csv.DictReader(open(out / "frontier.csv")))
     assert sorted((r["algo"], r["beta"], r["seed"]) for r in rows) == [
-        ("grpo", "0.5", "0"), ("grpo", "0.5", "1"), ("p3o", "0.05", "0"), ("p3o", "0.05", "1"), ("sft", "", "")]
+        ("grpo", "0.5", "0"), ("grpo", "0.5", "1"), ("p3o_separate", "0.05", "0"), ("p3o_separate", "0.05", "1"), ("sft", "", "")]
     for r in rows[1:]:
         # equal samples: 2 rollouts of 2 prompts x 4 completions, whatever the algorithm
         assert r["samples_seen"] == "16"
         assert float(r["kl_to_ref"]) == float(r["kl_to_ref"])  # a number (not NaN)
         assert 0.0 <= float(r["reward"]) <= 1.0
         assert (tmp_path / r["dir"] / "manifest.json").is_file() and "/frontier/" in r["dir"]
+        if r["algo"] == "p3o_separate":  # a variant: the p3o preset with its pair loss
+            assert "pairwise_loss: p3o_separate" in (tmp_path / r["dir"] / "config.yaml").read_text()
     assert mpimg.imread(out / "frontier.png").shape[0] > 100
     # each beta ran as a job of one multirun per algorithm, which wrote its sweep summary
     assert (out / "grpo" / "sweep0" / "summary.md").is_file() and (out / "grpo" / "sweep1" / "summary.md").is_file()
