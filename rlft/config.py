@@ -209,6 +209,20 @@ class RolloutConfig:
 
 
 @dataclass
+class LoraOptions:
+    """LoRA adapters (peft) on the trained model; off while rank is 0 (docs/lora.md)."""
+    rank: int = 0
+    """Adapter rank r (0: full fine-tuning)."""
+    alpha: float = 16.0
+    """Scaling numerator: the update is (alpha / r) x B A."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input while training."""
+    target_modules: list = field(default_factory=lambda: ["all-linear"])
+    """Modules that get an adapter: all-linear (every Linear but the output layer) or module names, e.g.
+    [q_proj,k_proj,v_proj,o_proj]."""
+
+
+@dataclass
 class ModelConfig:
     path: str = "auto"
     """Model to start from: `builtin:tiny`, a local HF directory, a hub id, or `stage:<algo>`
@@ -229,6 +243,8 @@ class ModelConfig:
     """Built-in tiny model only: share the input embedding and output projection weights."""
     trust_remote_code: bool = False
     """Allow model code from the hub (only for models that need it)."""
+    lora: LoraOptions = field(default_factory=LoraOptions)
+    """LoRA adapters instead of full fine-tuning: model.lora.rank=16 (final/ is still a merged HF model)."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from rlft import lora
 from rlft.config import grad_accum_steps
 from rlft.engine import dist
 from rlft.engine.integrity import write_checksums
@@ -89,6 +90,8 @@ class Engine:
         self.cfg = cfg
         self.info = dist.info()
         self.trainable = trainable
+        if trainable and lora.enabled(cfg.model):
+            model = lora.add_adapter(model, cfg.model.lora)
         if cfg.engine.activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
         ds_cfg = deepspeed_config(cfg, trainable)
@@ -213,6 +216,10 @@ class Engine:
         weight sync); a tied parameter comes under each of its names, as in a checkpoint. Under
         ZeRO-3 each parameter is gathered, handed out as a copy and released before the next, so
         at most one gathered parameter exists beside the shards."""
+        named = self._named_weights()
+        yield from lora.merged_weights(self.module, named) if self.has_adapter else named
+
+    def _named_weights(self):
         if self.cfg.engine.zero_stage != 3:
             for name, p in self.module.named_parameters(remove_duplicate=False):
                 yield name, p.detach()
@@ -297,12 +304,23 @@ class Engine:
         return client_state or {}
 
     def full_state_dict(self) -> dict | None:
-        """The complete weights on rank 0 (None on other ranks); collective under ZeRO-3."""
+        """The complete weights on rank 0 (None on other ranks), with a LoRA adapter's tensors as they are;
+        collective under ZeRO-3."""
         if self.cfg.engine.zero_stage == 3:
             return self.ds._zero3_consolidated_16bit_state_dict()
         if not self.info.is_main:
             return None
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+
+    @property
+    def has_adapter(self) -> bool:
+        return lora.has_adapter(self.module)
+
+    @contextlib.contextmanager
+    def adapter_disabled(self):
+        """The base model (LoRA adapter off) for the duration."""
+        with lora.adapter_disabled(self.module):
+            yield self
 
     def export_hf(self, out_dir: Path, tokenizer, manifest_writer=None) -> None:
         """Write a Hugging Face model directory (weights, config, tokenizer) atomically.
@@ -310,6 +328,9 @@ class Engine:
         Collective: every rank must call it. Only rank 0 writes; nothing is written when a weight is
         not finite (NonFiniteError on every rank)."""
         state = self.full_state_dict()
+        adapter = None
+        if self.has_adapter and self.info.is_main:  # final/ is the plain model, the adapter goes beside it
+            adapter, state = state, lora.merged_state_dict(self.module, state)
         bad = 0.0
         if self.info.is_main:
             bad = float(not all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point()))
@@ -318,6 +339,9 @@ class Engine:
                                  "lower train.lr or check the data")
         if self.info.is_main:
             save_hf_dir(self.module, state, tokenizer, Path(out_dir))
+            if adapter is not None:
+                out_dir = Path(out_dir)
+                lora.save_adapter(self.module, adapter, out_dir.with_name(out_dir.name + "-adapter"))
         dist.barrier()
 
 

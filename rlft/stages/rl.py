@@ -76,7 +76,11 @@ class RLStage:
         self.tokenizer = load_tokenizer(cfg.model, self.parent)
         common.seed_everything(cfg.seed)
         self.policy = Engine(cfg, load_model(cfg.model, self.parent, self.tokenizer, seed=cfg.seed))
-        self.ref = self.load_reference(self.parent) if needs_reference(cfg) else None
+        self.ref = None
+        if needs_reference(cfg):  # with LoRA the reference is the policy's own base weights (adapter off)
+            self.ref = BaseModel(self.policy) if self.policy.has_adapter else self.load_reference(self.parent)
+            if self.policy.has_adapter:
+                dist.print0("[rlft] reference: the policy's base weights with its LoRA adapter off (no second copy)")
         self.critic = build_critic(cfg, self.tokenizer) if trains_critic(cfg) else None
         self.kl_coef = float(self.a.kl_coef)
         self.kl_ctl = AdaptiveKLController(self.kl_coef, self.a.kl_target, self.a.kl_horizon) \
@@ -233,6 +237,21 @@ class RLStage:
         correct = sum(answers_match(extract_answer(t), gold_answer(r["answer"])) for t, r in zip(gens.texts, shard))
         correct, total = dist.all_reduce_sum([float(correct), float(len(shard))])
         return {"eval_greedy_accuracy": correct / max(total, 1.0)}
+
+
+class BaseModel:
+    """The reference of a LoRA policy: the policy's forward with its adapter disabled (no second copy)."""
+
+    def __init__(self, policy: Engine):
+        self.policy = policy
+
+    @property
+    def device(self) -> torch.device:
+        return self.policy.device
+
+    def __call__(self, *args, **kwargs):
+        with self.policy.adapter_disabled():
+            return self.policy(*args, **kwargs)
 
 
 @torch.no_grad()

@@ -1,0 +1,138 @@
+"""LoRA adapters through peft, on the trainable model of any stage (`model.lora.rank > 0`).
+
+The adapter is injected into the transformers model itself (peft's LoRA layers replace the targeted
+Linear layers), so every forward in rlft -- causal LM, reward and value heads, generation -- runs
+through it unchanged. Only the adapter trains, plus a reward or value model's scalar head. What rlft
+writes stays a plain Hugging Face model:
+
+    merged_state_dict   W = W_base + scaling * B @ A for every adapted layer, under the plain names
+    adapter_state_dict  the adapter alone, in peft's file format (PeftModel.from_pretrained reads it)
+    adapter_disabled    the base model for the duration: RL's reference without a second copy
+
+docs/lora.md has the options and what was tested.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+
+BASE = ".base_layer."
+ADAPTER = "default"  # peft's name for the one adapter rlft trains
+
+
+def enabled(model_cfg) -> bool:
+    return int(model_cfg.lora.rank) > 0
+
+
+def add_adapter(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
+    """Inject a LoRA adapter (rank, alpha, dropout, target modules) into `model` in place and return it.
+    Base weights are frozen; a reward/value model's scalar head (`score`) stays trainable."""
+    import peft
+
+    head = ["score"] if getattr(model, "score", None) is not None else None  # trained whole, not adapted
+    config = peft.LoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha), lora_dropout=float(lora_cfg.dropout),
+                             target_modules=_targets(lora_cfg.target_modules), exclude_modules=head, bias="none")
+    wrapped = peft.get_peft_model(model, config, adapter_name=ADAPTER)
+    model = wrapped.get_base_model()
+    if head:
+        model.score.requires_grad_(True)
+    model.rlft_lora_config = config
+    return model
+
+
+def _targets(names) -> str | list[str]:
+    names = [str(n) for n in names]
+    return names[0] if names == ["all-linear"] else names
+
+
+def has_adapter(model: torch.nn.Module) -> bool:
+    return hasattr(model, "rlft_lora_config")
+
+
+def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """{module name: peft LoRA layer} of the model."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+@contextlib.contextmanager
+def adapter_disabled(model: torch.nn.Module):
+    """The base model (every adapter off) for the duration."""
+    layers = list(lora_layers(model).values())
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def layer_delta(layer, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The weight update of one LoRA layer, shaped like its base weight."""
+    delta = (b.float() @ a.float()) * float(layer.scaling[ADAPTER])
+    return delta.T if getattr(layer, "fan_in_fan_out", False) else delta
+
+
+def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A full state dict of the adapted model -> the plain model's, each adapted weight merged."""
+    layers = lora_layers(model)
+    out = {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        name = key.replace(BASE, ".")
+        module = key.split(BASE)[0] if BASE in key else None
+        if module in layers and name.endswith(".weight"):
+            a, b = state[f"{module}.lora_A.{ADAPTER}.weight"], state[f"{module}.lora_B.{ADAPTER}.weight"]
+            value = (value.float() + layer_delta(layers[module], a, b)).to(value.dtype)
+        out[name] = value
+    return out
+
+
+def merged_weights(model: torch.nn.Module, named):
+    """(plain name, weight) from (name, weight) pairs of the adapted model, as a weight sync wants them:
+    a base weight is held back until its layer's A and B have passed, then handed out merged."""
+    layers = lora_layers(model)
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in named:
+        if BASE in key:
+            module, _, leaf = key.partition(BASE)
+            if module in layers and leaf == "weight":
+                pending[module] = {"base": value}
+            else:
+                yield key.replace(BASE, "."), value
+            continue
+        if ".lora_" not in key:
+            yield key, value
+            continue
+        module = key.split(".lora_")[0]
+        parts = pending[module]
+        parts["A" if ".lora_A." in key else "B"] = value
+        if len(parts) == 3:
+            del pending[module]
+            merged = parts["base"].float() + layer_delta(layers[module], parts["A"], parts["B"])
+            yield f"{module}.weight", merged.to(parts["base"].dtype)
+
+
+def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under peft's saved names (base_model.model.<module>.lora_A.weight)."""
+    return {"base_model.model." + k.replace(f".{ADAPTER}.", "."): v.contiguous()
+            for k, v in state.items() if ".lora_" in k}
+
+
+def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], out_dir: Path) -> None:
+    """Write the adapter in peft's format (adapter_config.json, adapter_model.safetensors); a reward
+    model's trained head is in the merged model beside it."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = model.rlft_lora_config.to_dict()
+    config["base_model_name_or_path"] = None
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=list) + "\n")
+    save_file(adapter_state_dict(state), str(out_dir / "adapter_model.safetensors"))

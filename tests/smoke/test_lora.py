@@ -1,0 +1,122 @@
+"""LoRA adapters (model.lora.rank > 0) in every stage: only the adapter (and a reward model's head)
+trains, final/ is a plain transformers model equal to parent + adapter, the adapter is saved beside it
+in peft's format, RL's reference is the base model with the adapter off, ZeRO-3 on 2 ranks and exact
+resume work."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY, check_ok, load_safetensors, read_metrics, stage_dir
+from rl_helpers import RL_SMALL, USER_REWARD, make_parents, rl_cli
+
+pytestmark = pytest.mark.slow
+
+RUN = "lo"
+LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
+SMALL = ["train.batch_size=8", "train.micro_batch_per_device=8", "train.log_every=1", "train.save_every=0",
+         "train.lr=1e-2"]
+
+
+def load_adapter(adapter_dir) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(adapter_dir / "adapter_model.safetensors"))
+
+
+def merged_from_adapter(parent: dict, adapter_dir) -> dict:
+    """parent's weights with the saved adapter merged in: W + (alpha / r) B A for every adapted layer."""
+    import json
+
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    adapter = load_adapter(adapter_dir)
+    out = dict(parent)
+    for key in adapter:
+        if ".lora_A." in key:
+            module = key[len("base_model.model."):].split(".lora_A.")[0]
+            a, b = adapter[key], adapter[key.replace(".lora_A.", ".lora_B.")]
+            out[f"{module}.weight"] = parent[f"{module}.weight"] + scale * (b @ a)
+    return out
+
+
+def check_only_adapter_trained(final_dir, parent_dir, head: str | None = None) -> None:
+    """final == parent + adapter, except the reward head (trained); no adapter tensor in final/."""
+    final, parent = load_safetensors(final_dir), load_safetensors(parent_dir)
+    assert not any("lora" in k for k in final)
+    expected = merged_from_adapter(parent, final_dir.with_name(final_dir.name + "-adapter"))
+    adapted = [k for k in final if not torch.equal(final[k], parent.get(k, final[k]))]
+    assert adapted, "nothing trained"
+    for key, value in final.items():
+        if head and key.startswith(head):
+            continue
+        torch.testing.assert_close(value, expected[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_lora_in_sft_reward_models_and_dpo(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    check_ok(rl_cli(tmp_path, "train", "algo=sft", f"run.name={RUN}", "train.max_steps=3", *SMALL))  # full SFT
+    sft = stage_dir(tmp_path, RUN, "sft") / "final"
+    for algo, head in (("rm", "score"), ("prm", "score"), ("dpo", None)):
+        check_ok(rl_cli(tmp_path, "train", f"algo={algo}", f"run.name={RUN}", "train.max_steps=2", *SMALL, *LORA))
+        final = stage_dir(tmp_path, RUN, algo) / "final"
+        check_only_adapter_trained(final, sft, head)
+    # a LoRA SFT from the built-in model: final/ loads in plain transformers with the logits of base + adapter
+    check_ok(rl_cli(tmp_path, "train", "algo=sft", f"run.name={RUN}", "run.dir=runs/lo/sft_lora",
+                    "train.max_steps=3", *SMALL, *LORA))
+    import peft
+
+    from rlft.models import load_model, load_tokenizer
+    from omegaconf import OmegaConf
+
+    lora_dir = tmp_path / "runs" / "lo" / "sft_lora"
+    cfg = OmegaConf.load(lora_dir / "config.yaml")
+    tok = load_tokenizer(cfg.model, str(lora_dir / "final"))
+    base = load_model(cfg.model, "builtin:tiny", tok, seed=cfg.seed)
+    with_adapter = peft.PeftModel.from_pretrained(base, str(lora_dir / "final-adapter"))
+    plain = AutoModelForCausalLM.from_pretrained(lora_dir / "final")
+    ids = torch.randint(3, 40, (2, 11))
+    torch.testing.assert_close(plain(input_ids=ids).logits, with_adapter(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_rl_uses_the_base_model_as_reference(tmp_path):
+    make_parents(tmp_path, RUN, ("sft", "rm"))
+    sft = stage_dir(tmp_path, RUN, "sft") / "final"
+    proc = check_ok(rl_cli(tmp_path, "train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, "train.max_steps=2",
+                           "train.lr=1e-2", f"reward.functions=[{USER_REWARD}:alternate]", *LORA))
+    assert "reference: the policy's base weights with its LoRA adapter off" in proc.stdout + proc.stderr
+    records = [r for r in read_metrics(stage_dir(tmp_path, RUN, "grpo")) if "kl" in r]
+    assert records[0]["kl"] < 1e-12 < records[1]["kl"]  # the adapter starts at zero (B = 0), then moves
+    check_only_adapter_trained(stage_dir(tmp_path, RUN, "grpo") / "final", sft)
+    # PPO: the critic (from the RM) trains its own adapter and head
+    check_ok(rl_cli(tmp_path, "train", "algo=ppo", f"run.name={RUN}", *RL_SMALL, "train.max_steps=4",
+                    "rollout.samples_per_prompt=1", "train.micro_batch_per_device=2",
+                    f"reward.functions=[{USER_REWARD}:alternate]", *LORA))
+    ppo = stage_dir(tmp_path, RUN, "ppo")
+    check_only_adapter_trained(ppo / "final", sft)
+    check_only_adapter_trained(ppo / "critic", stage_dir(tmp_path, RUN, "rm") / "final", "score")
+
+
+def test_lora_under_zero3_on_two_ranks_matches_one_rank(tmp_path):
+    args = ["train", "algo=sft", f"run.name={RUN}", "train.max_steps=2", *SMALL, *LORA, "train.micro_batch_per_device=4"]
+    check_ok(rl_cli(tmp_path, *args, "run.dir=runs/lo/one"))
+    check_ok(rl_cli(tmp_path, *args, "run.dir=runs/lo/two", "engine=zero3", "engine.nproc_per_node=2", timeout=600))
+    one, two = (load_safetensors(tmp_path / "runs" / "lo" / d / "final") for d in ("one", "two"))
+    assert set(one) == set(two)
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert (tmp_path / "runs" / "lo" / "two" / "final-adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_lora_resume_ends_with_the_uninterrupted_weights(tmp_path):
+    args = ["train", "algo=sft", f"run.name={RUN}", *SMALL, *LORA, "train.save_every=2", "train.lr_schedule=constant",
+            "train.warmup_steps=0"]
+    check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "run.dir=runs/lo/full"))
+    check_ok(rl_cli(tmp_path, *args, "train.max_steps=2", "run.dir=runs/lo/parts"))
+    check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "run.dir=runs/lo/parts", "resume=true"))
+    full, parts = (load_safetensors(tmp_path / "runs" / "lo" / d / "final") for d in ("full", "parts"))
+    for key in full:
+        assert torch.equal(full[key], parts[key]), key
+    full_a, parts_a = (load_adapter(tmp_path / "runs" / "lo" / d / "final-adapter") for d in ("full", "parts"))
+    assert full_a.keys() == parts_a.keys() and all(torch.equal(full_a[k], parts_a[k]) for k in full_a)
