@@ -192,6 +192,19 @@ def test_grpo_with_vllm_keeps_the_engine_equal_to_the_trainer_and_resumes_exactl
 
 
 @pytest.mark.slow
+def test_grpo_with_vllm_and_lora_syncs_the_merged_weights(sft, tmp_path):
+    """With a LoRA adapter the engine receives base + adapter merged under the plain names: its
+    log-probs still equal the trainer's at every step."""
+    work = copy_parents(sft, tmp_path)
+    proc = cli(work, "train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, *VLLM_RL, "train.max_steps=3",
+               "model.lora.rank=4", "train.lr=1e-2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = gaps(stage_dir(work, RUN, "grpo"))
+    assert all(r["engine_logp_gap_max"] < 1e-5 and r["is_corrected_frac"] == 0.0 for r in recs), recs
+    assert recs[-1]["kl"] > 0  # the adapter moved the policy away from the base model
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("zero,tp", [(3, 1), (2, 2)])
 def test_grpo_with_vllm_on_two_ranks(sft, tmp_path, zero, tp):
     """ZeRO-3: each rank's engine receives the partitioned weights gathered one parameter at a time.
