@@ -99,6 +99,10 @@ class TrainConfig:
     """Clip the global gradient norm to this value (0 disables)."""
     max_seq_len: int = 256
     """Longest training sequence in tokens (prompt + response); longer examples are truncated."""
+    packing: bool = False
+    """Padding-free training forwards: each micro-batch's sequences in one row, positions restarting per
+    sequence so attention stays within each (transformers' packed-sequence support); the LM head runs only on
+    tokens that carry loss. SFT, DPO and the RL scoring and update passes (docs/performance.md)."""
     log_every: int = 10
     """Log metrics every this many optimizer steps."""
     save_every: int = 100

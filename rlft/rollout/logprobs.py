@@ -6,6 +6,8 @@ alignment marks the completion tokens up to and including the first EOS.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -75,3 +77,61 @@ def batched_token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Ten
         start = response_start(mask[k * micro_batch:(k + 1) * micro_batch]) if mask is not None else 0
         out.append(token_logp(model, ids, attn, temperature, start))
     return torch.cat(out)
+
+
+# ----------------------------------------------------------------------------- padding-free packing
+@dataclass
+class Packed:
+    """A padded batch's real tokens in one row: positions restart at 0 for every sequence, which
+    transformers reads as sequence boundaries (each token attends only within its own sequence)."""
+    input_ids: torch.Tensor  # [1, N]
+    position_ids: torch.Tensor  # [1, N]
+    rows: torch.Tensor  # [N] the padded row of each token
+    cols: torch.Tensor  # [N] its padded column
+    shape: tuple[int, int]  # the padded [B, L]
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
+    """Pack the attended tokens of a padded batch (either padding side) into one row."""
+    rows, cols = attention_mask.bool().nonzero(as_tuple=True)
+    positions = (attention_mask.long().cumsum(-1) - 1)[rows, cols]
+    return Packed(input_ids[rows, cols][None], positions[None], rows, cols, tuple(input_ids.shape))
+
+
+def padding_fraction(attention_mask: torch.Tensor) -> float:
+    """Share of a padded batch's positions that are padding (what packing saves)."""
+    return 1.0 - float(attention_mask.sum()) / max(attention_mask.numel(), 1)
+
+
+def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
+                temperature: float = 1.0, extras: tuple[str, ...] = ()):
+    """Per-token log-probs [B, L-1] (target-aligned, 0 outside `mask`) from one packed forward: no
+    padding is computed, and the LM head runs only where the target is a masked (response) token.
+    Equal to `token_logp` on the padded batch up to floating-point order. `extras` adds, no grad,
+    [B, L-1] tensors: "entropy" (of the token distribution), "top1" (1 where the target is the argmax);
+    then the result is (log-probs, {name: tensor})."""
+    p = pack(input_ids, attention_mask)
+    B, L = p.shape
+    same_row = p.rows[1:] == p.rows[:-1]  # token j+1 continues the sequence of token j
+    target_col = p.cols[:-1].clamp(max=L - 2)
+    keep = (same_row & mask.bool()[p.rows[:-1], target_col]).nonzero().squeeze(1)
+    logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False,
+                   logits_to_keep=keep).logits[0]  # [K, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = p.input_ids[0, keep + 1]
+    picked = selective_logp(logits.unsqueeze(1), targets.unsqueeze(1)).squeeze(1)
+    where = (p.rows[keep], p.cols[keep])
+    logp = torch.zeros(B, L - 1, dtype=picked.dtype, device=picked.device).index_put(where, picked)
+    if not extras:
+        return logp
+    out = {name: torch.zeros(B, L - 1, dtype=torch.float32, device=picked.device) for name in extras}
+    step = chunk_rows(logits.unsqueeze(1))  # fp32 rows at a time, as selective_logp
+    with torch.no_grad():
+        for chunk, tg, r, c in zip(logits.split(step), targets.split(step), where[0].split(step), where[1].split(step)):
+            if "entropy" in out:
+                lp = torch.log_softmax(chunk.float(), -1)
+                out["entropy"][r, c] = -(lp.exp() * lp).sum(-1)
+            if "top1" in out:
+                out["top1"][r, c] = (chunk.argmax(-1) == tg).float()
+    return logp, out

@@ -17,18 +17,22 @@ from rlft.algos.preference import dpo_loss
 from rlft.data.encode import collate_padded, pad_to
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer
-from rlft.rollout.logprobs import token_logp
+from rlft.rollout.logprobs import packed_logp, token_logp
 from rlft.stages import common, inputs
 
 
-def pair_logps(model, examples: list[dict], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                         torch.Tensor]:
-    """(s_chosen [P], s_rejected [P], len_chosen [P], len_rejected [P]): one forward over both."""
+def pair_logps(model, examples: list[dict], pad_id: int, device, packed: bool = False) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s_chosen [P], s_rejected [P], len_chosen [P], len_rejected [P]): one forward over both (`packed`:
+    padding-free, train.packing)."""
     seqs = [ex["chosen_ids"] for ex in examples] + [ex["rejected_ids"] for ex in examples]
     masks = [ex["chosen_mask"] for ex in examples] + [ex["rejected_mask"] for ex in examples]
     ids, attn = collate_padded(seqs, pad_id)
     mask = pad_to(masks, 0, dtype=torch.float32)[:, 1:].to(device)
-    logp = token_logp(model, ids.to(device), attn.to(device))
+    if packed:
+        logp = packed_logp(model, ids.to(device), attn.to(device), mask)
+    else:
+        logp = token_logp(model, ids.to(device), attn.to(device))
     s = (logp * mask).sum(-1)
     lengths = mask.sum(-1)
     n = len(examples)
@@ -36,7 +40,7 @@ def pair_logps(model, examples: list[dict], pad_id: int, device) -> tuple[torch.
 
 
 @torch.no_grad()
-def add_reference_logps(model, examples: list[dict], pad_id: int, micro: int, device) -> None:
+def add_reference_logps(model, examples: list[dict], pad_id: int, micro: int, device, packed: bool = False) -> None:
     """Store the reference's sequence log-probs in each example (each rank its share, then shared)."""
     info = dist.info()
     mine = list(range(info.rank, len(examples), info.world_size))
@@ -44,15 +48,15 @@ def add_reference_logps(model, examples: list[dict], pad_id: int, micro: int, de
     values: dict[int, tuple[float, float]] = {}
     for start in range(0, len(mine), micro):
         idx = mine[start:start + micro]
-        s_w, s_l, _, _ = pair_logps(model, [examples[i] for i in idx], pad_id, device)
+        s_w, s_l, _, _ = pair_logps(model, [examples[i] for i in idx], pad_id, device, packed)
         values.update({i: (w, lose) for i, w, lose in zip(idx, s_w.tolist(), s_l.tolist())})
     values = {k: v for part in dist.all_gather_object(values) for k, v in part.items()}
     for i, ex in enumerate(examples):
         ex["ref_chosen"], ex["ref_rejected"] = values[i]
 
 
-def dpo_step_loss(engine: Engine, examples: list[dict], num_pairs_global: float, pad_id: int, a):
-    s_w, s_l, len_w, len_l = pair_logps(engine, examples, pad_id, engine.device)
+def dpo_step_loss(engine: Engine, examples: list[dict], num_pairs_global: float, pad_id: int, a, packed: bool = False):
+    s_w, s_l, len_w, len_l = pair_logps(engine, examples, pad_id, engine.device, packed)
     ref_w = torch.tensor([ex["ref_chosen"] for ex in examples], device=engine.device)
     ref_l = torch.tensor([ex["ref_rejected"] for ex in examples], device=engine.device)
     loss, m = dpo_loss(s_w, s_l, ref_w, ref_l, a.beta, a.length_normalize, len_w, len_l)
@@ -74,11 +78,12 @@ def run(cfg, ctx: common.StageContext) -> dict:
     test = inputs.pair_examples(cfg, tokenizer, "test")[:a.num_eval_pairs]
     model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed).to(ctx.info.device)
     micro = cfg.train.micro_batch_per_device
-    add_reference_logps(model, train + test, pad, micro, ctx.info.device)
+    packed = cfg.train.packing
+    add_reference_logps(model, train + test, pad, micro, ctx.info.device, packed)
     model.train()
     dist.print0(f"dpo: {len(train)} training and {len(test)} held-out pairs; reference log-probs cached")
     engine = Engine(cfg, model)
-    loss_fn = lambda e, x, d: dpo_step_loss(e, x, d, pad, a)  # noqa: E731
+    loss_fn = lambda e, x, d: dpo_step_loss(e, x, d, pad, a, packed)  # noqa: E731
     evaluate = (lambda: common.held_out(engine, test, loss_fn, micro)) if test else None
     summary = common.supervised_loop(ctx, engine, train, len, loss_fn, evaluate, a.eval_every)
     common.finish(ctx, engine, tokenizer, parent, summary)

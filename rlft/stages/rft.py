@@ -77,7 +77,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
                 for row, text in samples]
     engine = Engine(cfg, model)
     summary = common.supervised_loop(ctx, engine, examples, response_token_count,
-                                     lambda e, x, d: sft_loss(e, x, d, tokenizer.pad_token_id))
+                                     lambda e, x, d: sft_loss(e, x, d, tokenizer.pad_token_id, cfg.train.packing))
     summary.update(stats)
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary

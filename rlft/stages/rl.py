@@ -38,7 +38,8 @@ from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import ExactSteps, RewardSet
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import Sampling, build_engine
-from rlft.rollout.logprobs import batched_token_logp, chunk_rows, forward_logits, response_start, selective_logp
+from rlft.rollout.logprobs import (batched_token_logp, chunk_rows, forward_logits, packed_logp, padding_fraction,
+                                  response_start, selective_logp)
 from rlft.stages import common, inputs, iterative
 
 
@@ -180,9 +181,9 @@ class RLStage:
         reuse = (a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward"
                  or a.pairwise_loss is not None)
         if reuse or self.is_correction != "none":
-            ro.old_logp = rollout_logp(self.policy, ro, micro, temperature)
+            ro.old_logp = rollout_logp(self.policy, ro, micro, temperature, self.cfg.train.packing)
         if self.ref is not None:
-            ro.ref_logp = rollout_logp(self.ref, ro, micro, temperature)
+            ro.ref_logp = rollout_logp(self.ref, ro, micro, temperature, self.cfg.train.packing)
         keep = None
         if ro.old_logp is not None and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
             r = self.cfg.rollout
@@ -216,12 +217,13 @@ class RLStage:
     def update(self, ro: rb.Rollout, stats: common.Sums, rollout_index: int) -> None:
         micro = self.cfg.train.micro_batch_per_device
         seed = (self.cfg.seed * 1_000_003 + rollout_index) * 4099 + self.ctx.info.rank
+        packed = self.cfg.train.packing
         if self.a.pairwise_loss is not None:
             update_pairwise(self.policy, self.a, self.cfg.pairwise, self.cfg.rollout, micro, ro, stats, self.kl_coef,
-                            seed)
+                            seed, packed=packed)
         else:
             update_policy(self.policy, self.ref, self.a, self.cfg.rollout, micro, ro, stats, self.critic, self.kl_coef,
-                          seed, value_clip=self.cfg.critic.value_clip)
+                          seed, value_clip=self.cfg.critic.value_clip, packed=packed)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -255,25 +257,32 @@ class BaseModel:
 
 
 @torch.no_grad()
-def rollout_logp(engine: Engine, ro: rb.Rollout, micro: int, temperature: float) -> torch.Tensor:
+def rollout_logp(engine: Engine, ro: rb.Rollout, micro: int, temperature: float, packed: bool = False) -> torch.Tensor:
     """Per-token log-probs [N, L-1] of the rollout's sequences under `engine` (old or reference),
-    micro-batch by micro-batch; the logits start at each micro-batch's first response column."""
+    micro-batch by micro-batch; the logits start at each micro-batch's first response column
+    (`packed`: one padding-free forward per micro-batch, logits only at response tokens)."""
     dev = engine.device
-    return batched_token_logp(engine, ro.input_ids.to(dev), ro.attention_mask.to(dev), micro, temperature, ro.mask)
+    if not packed:
+        return batched_token_logp(engine, ro.input_ids.to(dev), ro.attention_mask.to(dev), micro, temperature, ro.mask)
+    return torch.cat([packed_logp(engine, ro.input_ids[i:i + micro].to(dev), ro.attention_mask[i:i + micro].to(dev),
+                                  ro.mask[i:i + micro].to(dev), temperature) for i in range(0, len(ro), micro)])
 
 
-def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float):
+def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float, packed: bool = False):
     """One micro-batch of the rollout through the policy (with grad), trimmed to its longest row
     and, for the logits, to the target columns from its first response token on:
     (ids, attention mask, cols, response mask, token entropy (no grad), per-token log-probs).
     `cols` selects those columns from any [N, L-1] rollout tensor (old/ref log-probs, advantages,
-    values)."""
+    values). `packed`: one padding-free forward (train.packing), the same values."""
     dev = policy.device
     width = int(ro.attention_mask[sl].sum(-1).max())
     ids, attn = ro.input_ids[sl, :width].to(dev), ro.attention_mask[sl, :width].to(dev)
     start = response_start(ro.mask[sl, :width - 1])
     cols = slice(start, width - 1)
     mask = ro.mask[sl, cols].to(dev)
+    if packed:
+        logp, extra = packed_logp(policy, ids, attn, ro.mask[sl, :width - 1].to(dev), temperature, ("entropy",))
+        return ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
     logits = forward_logits(policy, ids, attn, start, temperature)
     return ids, attn, cols, mask, entropy(logits.detach()), selective_logp(logits, ids[:, start + 1:])
 
@@ -299,7 +308,7 @@ def optimizer_steps(rollout: rb.Rollout, a, group_size: int, shuffle_seed: int |
 
 def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.Rollout, stats: common.Sums,
                   critic: Engine | None = None, kl_coef: float | None = None,
-                  shuffle_seed: int | None = None, value_clip: float = 0.2) -> None:
+                  shuffle_seed: int | None = None, value_clip: float = 0.2, packed: bool = False) -> None:
     """mu passes over the rollout, `minibatches_per_rollout` optimizer steps each.
 
     Every micro-batch loss is normalised by the counts of its whole minibatch on all ranks,
@@ -315,7 +324,8 @@ def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.R
         denom = global_denominator(ro.mask[start:start + per_mb], r.max_new_tokens)
         for m in range(start, start + per_mb, micro):
             sl = slice(m, m + micro)
-            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
+            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature, packed)
+            add_padding(stats, attn, packed)
             old = ro.old_logp[sl, cols].to(dev) if ro.old_logp is not None else None
             loss_tok, metrics = policy_loss(logp, old, ro.adv[sl, cols].to(dev), mask, pl_cfg)
             if ro.is_weight is not None:
@@ -353,7 +363,7 @@ def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int)
 
 
 def update_pairwise(policy: Engine, a, pairwise, r, micro: int, ro: rb.Rollout, stats: common.Sums,
-                    kl_coef: float, shuffle_seed: int | None = None) -> None:
+                    kl_coef: float, shuffle_seed: int | None = None, packed: bool = False) -> None:
     """Pairwise updates on rows (2j, 2j+1) with the PAIRWISE_LOSSES entry `algo.pairwise_loss`
     (P3O §10, online DPO §9); each micro-batch's loss is normalised by its optimizer step's counts."""
     dev = policy.device
@@ -368,7 +378,8 @@ def update_pairwise(policy: Engine, a, pairwise, r, micro: int, ro: rb.Rollout, 
         counts = PairCounts(pairs=pairs, tokens=tokens, untied=untied)
         for m0 in range(start, start + per_mb, micro):
             sl, pl = slice(m0, m0 + micro), slice(m0 // 2, (m0 + micro) // 2)
-            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature)
+            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature, packed)
+            add_padding(stats, attn, packed)
             ref = ro.ref_logp[sl, cols].to(dev) if ro.ref_logp is not None else None
             batch = PairBatch(logp=logp, old_logp=ro.old_logp[sl, cols].to(dev), mask=mask, ref_logp=ref,
                               scores=ro.pair_scores[pl].to(dev), s_ref=ro.pair_s_ref[pl].to(dev),
@@ -381,6 +392,12 @@ def update_pairwise(policy: Engine, a, pairwise, r, micro: int, ro: rb.Rollout, 
             stats.add("entropy", masked_sum_f(ent, mask), tokens_here)
             if ref is not None:
                 stats.add("kl", masked_sum_f(batch.old_logp - ref, mask), tokens_here)
+
+
+def add_padding(stats: common.Sums, attention_mask: torch.Tensor, packed: bool) -> None:
+    """padding_frac: the share of the update forwards' positions that are padding (0 when packed)."""
+    positions = float(attention_mask.numel())
+    stats.add("padding_frac", 0.0 if packed else padding_fraction(attention_mask) * positions, positions)
 
 
 def masked_sum_f(x: torch.Tensor, mask: torch.Tensor) -> float:

@@ -15,6 +15,7 @@ from rlft.data.encode import collate_padded, pad_to
 from rlft.engine import Engine
 from rlft.engine import dist
 from rlft.models import load_model, load_tokenizer
+from rlft.rollout.logprobs import packed_logp
 from rlft.stages import common, inputs
 
 
@@ -23,16 +24,22 @@ def response_token_count(examples: list[dict]) -> int:
     return sum(sum(ex["loss_mask"][1:]) for ex in examples)
 
 
-def sft_loss(engine: Engine, examples: list[dict], num_tokens_global: float, pad_id: int):
-    """Sum of response-token cross-entropy in this micro-batch / tokens in the whole step."""
+def sft_loss(engine: Engine, examples: list[dict], num_tokens_global: float, pad_id: int, packed: bool = False):
+    """Sum of response-token cross-entropy in this micro-batch / tokens in the whole step (`packed`: one
+    padding-free forward, train.packing)."""
     ids, attn = collate_padded([ex["input_ids"] for ex in examples], pad_id)
     mask = pad_to([ex["loss_mask"] for ex in examples], 0)
     ids, attn, mask = ids.to(engine.device), attn.to(engine.device), mask.to(engine.device)
-    logits = engine(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     target_mask = mask[:, 1:].float()
-    nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
-    nll_sum = (nll * target_mask).sum()
-    correct = ((logits.argmax(-1) == ids[:, 1:]).float() * target_mask).sum()
+    if packed:
+        logp, extra = packed_logp(engine, ids, attn, target_mask, extras=("top1",))
+        nll_sum = -(logp * target_mask).sum()
+        correct = (extra["top1"] * target_mask).sum()
+    else:
+        logits = engine(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
+        nll_sum = (nll * target_mask).sum()
+        correct = ((logits.argmax(-1) == ids[:, 1:]).float() * target_mask).sum()
     count = target_mask.sum()
     stats = {"loss": (nll_sum.item(), count.item()), "token_acc": (correct.item(), count.item())}
     return nll_sum / num_tokens_global, stats
@@ -50,7 +57,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     test = inputs.sft_examples(cfg, tokenizer, "test")[:256]
     engine = Engine(cfg, model)
 
-    loss_fn = lambda eng, exs, denom: sft_loss(eng, exs, denom, tokenizer.pad_token_id)  # noqa: E731
+    loss_fn = lambda eng, exs, denom: sft_loss(eng, exs, denom, tokenizer.pad_token_id, cfg.train.packing)  # noqa: E731
     evaluate = (lambda: common.held_out(engine, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
     summary = common.supervised_loop(ctx, engine, train, response_token_count, loss_fn, evaluate=evaluate)
     common.finish(ctx, engine, tokenizer, parent, summary)
