@@ -247,6 +247,10 @@ class ModelConfig:
     """Built-in tiny model only: share the input embedding and output projection weights."""
     trust_remote_code: bool = False
     """Allow model code from the hub (only for models that need it)."""
+    attn_implementation: str = "auto"
+    """transformers' attention kernel: auto (its default: sdpa) | eager | sdpa | flash_attention_2 | flex_attention.
+    With train.packing, flash_attention_2 attends within each packed sequence only; sdpa and eager compute the
+    whole packed row's attention under a block-diagonal mask (quadratic in the row's length)."""
     lora: LoraOptions = field(default_factory=LoraOptions)
     """LoRA adapters instead of full fine-tuning: model.lora.rank=16 (final/ is still a merged HF model)."""
 

@@ -124,6 +124,10 @@ def launch_train(cfg) -> None:
 def run_ranks(cfg, run_dir: Path) -> None:
     e, t = cfg.engine, cfg.train
     print(f"[rlft] {cfg.algo.name} -> {run_dir}\n[rlft] {batch_arithmetic(cfg)}", flush=True)
+    if t.packing and cfg.model.attn_implementation not in ("flash_attention_2", "flash_attention_3"):
+        print(f"[rlft] note: train.packing with model.attn_implementation={cfg.model.attn_implementation} attends over "
+              "each whole packed row under a block-diagonal mask, which costs more than it saves on short sequences; "
+              "packing pays with model.attn_implementation=flash_attention_2 (GPU)", flush=True)
     if t.warmup_steps >= t.max_steps:
         print(f"[rlft] note: train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the "
               f"learning rate reaches train.lr={t.lr:g} only at the last step (lower train.warmup_steps)", flush=True)

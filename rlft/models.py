@@ -70,13 +70,15 @@ def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm"
         raise ValueError(f"unknown model head '{head}'; valid: {', '.join(HEADS)}")
     auto = _auto_class(head)
     torch.manual_seed(seed)
+    impl = getattr(model_cfg, "attn_implementation", "auto")
+    attention = {} if impl == "auto" else {"attn_implementation": impl}
     if resolved_path == BUILTIN_MODEL:
-        model = auto.from_config(tiny_config(model_cfg, tokenizer))
+        model = auto.from_config(tiny_config(model_cfg, tokenizer), **attention)
         model.to(dtype)
     else:
         kwargs = {"num_labels": 1} if head != "causal_lm" else {}
         model = auto.from_pretrained(resolved_path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code,
-                                     **kwargs)
+                                     **attention, **kwargs)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:
