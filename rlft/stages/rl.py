@@ -474,6 +474,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
         common.set_rng_state(resumed["rng"])  # loading those models may have drawn random numbers
     tracker = common.Tracker(ctx.run_dir, cfg, ctx.info.is_main, t.max_steps, start_step)
     stats, times = common.Sums(), {"rollout": 0.0, "prepare": 0.0, "update": 0.0}
+    rollouts_in_window = 0  # rollouts since the last log line: the time_* figures are per rollout
     summary: dict = {}
     if start_step == 0 and a.eval_every:
         tracker.log(0, stage.greedy_accuracy())
@@ -496,18 +497,18 @@ def run(cfg, ctx: common.StageContext) -> dict:
         if iterations > 1:
             stage.samples_log.extend(iterative.sample_records(ro))
         done = (r + 1) * steps_per_rollout
+        rollouts_in_window += 1
         tracker.advance(steps_per_rollout)
         if done % t.log_every == 0 or done == t.max_steps:
             summary = stats.reduce()
             summary["reward_std"] = max(summary.pop("reward_sq") - summary["reward"] ** 2, 0.0) ** 0.5
-            n_roll = max(1, t.log_every // steps_per_rollout)
-            summary.update({f"time_{k}_s": v / n_roll for k, v in times.items()}, lr=stage.policy.lr(),
+            summary.update({f"time_{k}_s": v / rollouts_in_window for k, v in times.items()}, lr=stage.policy.lr(),
                            iteration=iteration, kl_coef=stage.kl_coef,
                            samples_seen=int(dist.all_reduce_sum([float(stage.samples_drawn)])[0]))
             if a.eval_every and done % a.eval_every == 0 and done != t.max_steps:
                 summary.update(stage.greedy_accuracy())
             tracker.log(done, summary)
-            stats, times = common.Sums(), {k: 0.0 for k in times}
+            stats, times, rollouts_in_window = common.Sums(), {k: 0.0 for k in times}, 0
         def save(done=done):
             client = {"step": done, "rng": common.rng_state(), "kl_coef": stage.kl_coef,
                       "samples_drawn": stage.samples_drawn}
