@@ -307,9 +307,21 @@ def stop_if_signalled(ctx: StageContext, done: int, save: Callable[[], Path]) ->
                                  "no checkpoint written (train.save_on_signal=false)"))
 
 
+def peak_memory_gb(device) -> float:
+    """This process's peak memory so far: the GPU's peak allocation on CUDA, else the peak resident set."""
+    if getattr(device, "type", "cpu") == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
 def finish(ctx: StageContext, engine: Engine, tokenizer, parent: str, summary: dict) -> None:
-    """Export final/ and write the manifest (last, so a crash leaves the stage incomplete)."""
+    """Export final/ and write the manifest (last, so a crash leaves the stage incomplete); the summary
+    gets each rank's peak memory (peak_memory_gb_per_rank, and their maximum)."""
     engine.export_hf(ctx.run_dir / "final", tokenizer)
+    per_rank = [round(x, 3) for x in dist.all_gather_object(peak_memory_gb(ctx.info.device))]
+    summary.update(peak_memory_gb=max(per_rank), peak_memory_gb_per_rank=per_rank)
     if ctx.info.is_main:
         from rlft.stages.inputs import data_description
 
