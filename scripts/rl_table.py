@@ -98,7 +98,12 @@ class Runner:
 
     def train_and_eval(self, row: str, overrides: list[str], seed: int) -> None:
         out = self.root / "table" / row / f"s{seed}"
-        if not complete(out):
+        if complete(out):
+            budget = trained_budget(out)
+            if budget != self.args.budget:
+                raise SystemExit(f"rl_table: {out} was trained with train.max_samples={budget}, not --budget "
+                                 f"{self.args.budget}; use another --run for another budget")
+        else:
             self.rlft("train", *overrides, f"train.max_samples={self.args.budget}", f"seed={seed}", f"run.dir={out}",
                       *self.threads(), *self.common, *self.args.rl_arg)
         self.evaluate(out / "final", f"{row}-s{seed}")
@@ -107,6 +112,13 @@ class Runner:
         if not (self.root / "eval" / tag / "eval.json").is_file():
             self.rlft("eval", f"model.path={model}", f"eval.tag={tag}", "eval.reference=stage:sft",
                       f"eval.num_problems={self.args.eval_problems}", *self.threads(), *self.common)
+
+
+def trained_budget(stage_dir: Path) -> int:
+    """train.max_samples of a finished run (its resolved config)."""
+    from omegaconf import OmegaConf
+
+    return int(OmegaConf.select(OmegaConf.load(stage_dir / "config.yaml"), "train.max_samples", default=0))
 
 
 def parent_args(specs: list[str], name: str) -> list[str]:

@@ -53,6 +53,11 @@ def test_every_row_sees_the_same_number_of_samples(tmp_path):
     again = run(tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "rlft train" not in again.stdout and "rlft eval" not in again.stdout
+    # another budget in the same run is refused rather than mixed with the finished runs
+    other = subprocess.run([sys.executable, str(REPO / "scripts" / "rl_table.py"),
+                            *[("64" if a == str(BUDGET) else a) for a in ARGS]],
+                           cwd=tmp_path, env=rl_env(), capture_output=True, text=True, timeout=300)
+    assert other.returncode != 0 and "train.max_samples=32, not --budget 64" in other.stderr, other.stderr[-2000:]
 
     # maj@K / pass@K curves of the SFT model and the table's GRPO seeds (scripts/passk_curve.py)
     curve = subprocess.run([sys.executable, str(REPO / "scripts" / "passk_curve.py"), "--run", "tb", "--rows", "grpo",
