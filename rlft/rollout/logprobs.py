@@ -49,7 +49,8 @@ def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     saves the prompt's share of its time and of the logits' memory."""
     keep = input_ids.shape[1] - start
     kwargs = {"logits_to_keep": keep} if start > 0 else {}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits[:, -keep:][:, :-1]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   **kwargs).logits[:, -keep:][:, :-1]
     return logits / temperature if temperature != 1.0 else logits
 
 

@@ -107,6 +107,8 @@ def check_verifiable(cfg, rows: list[dict], name: str) -> int:
 def limit(cfg, rows: list, split: str) -> list:
     if split == "train" and cfg.data.max_train_rows:
         return rows[:cfg.data.max_train_rows]
+    if split != "train" and cfg.data.max_test_rows:
+        return rows[:cfg.data.max_test_rows]
     return rows
 
 

@@ -8,14 +8,14 @@ all ranks), so the update is the same whatever the micro-batch size or number of
 """
 from __future__ import annotations
 
-import torch.nn.functional as F
+import torch
 
 from rlft import handoff
 from rlft.data.encode import collate_padded, pad_to
 from rlft.engine import Engine
 from rlft.engine import dist
 from rlft.models import load_model, load_tokenizer
-from rlft.rollout.logprobs import packed_logp
+from rlft.rollout.logprobs import forward_logits, packed_logp, response_start, selective_logp
 from rlft.stages import common, inputs
 
 
@@ -36,10 +36,15 @@ def sft_loss(engine: Engine, examples: list[dict], num_tokens_global: float, pad
         nll_sum = -(logp * target_mask).sum()
         correct = (extra["top1"] * target_mask).sum()
     else:
-        logits = engine(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
-        nll_sum = (nll * target_mask).sum()
-        correct = ((logits.argmax(-1) == ids[:, 1:]).float() * target_mask).sum()
+        # logits only from the first response column on, their fp32 log-softmax a chunk of rows at a time
+        start = response_start(target_mask)
+        logits = forward_logits(engine, ids, attn, start)
+        logp = torch.cat([logits.new_zeros(len(ids), start, dtype=torch.float32),
+                          selective_logp(logits, ids[:, start + 1:])], 1)
+        nll_sum = -(logp * target_mask).sum()
+        with torch.no_grad():
+            top1 = (logits.argmax(-1) == ids[:, start + 1:]).float()
+        correct = (top1 * target_mask[:, start:]).sum()
     count = target_mask.sum()
     stats = {"loss": (nll_sum.item(), count.item()), "token_acc": (correct.item(), count.item())}
     return nll_sum / num_tokens_global, stats
