@@ -145,6 +145,15 @@ class EngineConfig:
     """ZeRO optimizer-state offload to CPU memory (stages 1-3)."""
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    zero3_live_parameters: int = 0
+    """ZeRO-3: gathered parameter elements kept between uses (stage3_max_live_parameters and max_reuse_distance);
+    0 = DeepSpeed's 1e9, which keeps a model under 1B parameters gathered whole after its first forward."""
+    zero3_sub_group_elements: int = 0
+    """ZeRO-3: elements of the optimizer step's sub-groups (sub_group_size); the step makes temporaries of
+    about 3 x one sub-group in fp32. 0 = DeepSpeed's 1e9 (a rank's whole partition for models under 1B x ranks)."""
+    bucket_elements: int = 0
+    """ZeRO-2/3 gradient-reduction and all-gather bucket size in elements; 0 = hidden_size² (at least 2^20),
+    as transformers' DeepSpeed 'auto' (DeepSpeed's own default, 5e8, can touch 2 GB per rank in fp32)."""
 
 
 @dataclass
@@ -296,6 +305,8 @@ class DataConfig:
     """Apply the tokenizer's chat template: null = when it has one."""
     max_train_rows: int = 0
     """Use at most this many training rows (0 = all)."""
+    max_test_rows: int = 0
+    """Use at most this many held-out rows (0 = all): held-out losses, accuracies and evaluations."""
     held_out_fraction: float = 0.1
     """A single data file (no splits): share of its rows held out as the test split (seeded, at least one row;
     the stage says so and its manifest records it)."""

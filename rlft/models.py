@@ -59,12 +59,26 @@ def _auto_class(head: str):
             "prm": transformers.AutoModelForTokenClassification}[head]
 
 
+_BEFORE_MODEL_GB: float | None = None
+
+
+def memory_before_model_gb() -> float | None:
+    """This process's peak resident memory (GiB) before its first model was loaded: the interpreter,
+    libraries and data, which memory arithmetic (rlft.memory) takes as given. None before any load."""
+    return _BEFORE_MODEL_GB
+
+
 def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm", seed: int = 0,
                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A model with the requested head, from the built-in config or a checkpoint.
 
     A reward head on top of a causal-LM checkpoint starts from the checkpoint's backbone and
     a freshly initialised (seeded) scalar head."""
+    global _BEFORE_MODEL_GB
+    if _BEFORE_MODEL_GB is None:
+        import resource
+
+        _BEFORE_MODEL_GB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     quiet_transformers()
     if head not in HEADS:
         raise ValueError(f"unknown model head '{head}'; valid: {', '.join(HEADS)}")

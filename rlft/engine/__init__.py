@@ -47,7 +47,16 @@ def make_scheduler(optimizer: torch.optim.Optimizer, t) -> torch.optim.lr_schedu
         decay_type="cosine" if t.lr_schedule == "constant" else str(t.lr_schedule)))
 
 
-def deepspeed_config(cfg, trainable: bool = True) -> dict:
+def bucket_elements(cfg, hidden_size: int | None) -> int:
+    """ZeRO's communication bucket size in elements: engine.bucket_elements, else hidden_size² (at least
+    2^20; transformers' 'auto'), so the reduce buffer of a small model is small and of a large one is few
+    collectives. See docs/performance.md (memory)."""
+    if cfg.engine.bucket_elements:
+        return int(cfg.engine.bucket_elements)
+    return max(int(hidden_size or 0) ** 2, 2**20)
+
+
+def deepspeed_config(cfg, trainable: bool = True, hidden_size: int | None = None) -> dict:
     t, e = cfg.train, cfg.engine
     ds = {
         "train_batch_size": t.batch_size,
@@ -63,8 +72,16 @@ def deepspeed_config(cfg, trainable: bool = True) -> dict:
     }
     if e.offload_optimizer and e.zero_stage > 0:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    bucket = bucket_elements(cfg, hidden_size)
+    if e.zero_stage >= 2:
+        ds["zero_optimization"].update(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
     if e.zero_stage == 3:
         ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+        if e.zero3_sub_group_elements:
+            ds["zero_optimization"]["sub_group_size"] = int(e.zero3_sub_group_elements)
+        if e.zero3_live_parameters:
+            ds["zero_optimization"].update(stage3_max_live_parameters=int(e.zero3_live_parameters),
+                                           stage3_max_reuse_distance=int(e.zero3_live_parameters))
     if not trainable:
         ds.pop("gradient_clipping")
     return ds
@@ -94,7 +111,7 @@ class Engine:
             model = lora.add_adapter(model, cfg.model.lora)
         if cfg.engine.activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
-        ds_cfg = deepspeed_config(cfg, trainable)
+        ds_cfg = deepspeed_config(cfg, trainable, getattr(getattr(model, "config", None), "hidden_size", None))
         if trainable:
             t = cfg.train
             params = [p for p in model.parameters() if p.requires_grad]

@@ -322,6 +322,11 @@ def finish(ctx: StageContext, engine: Engine, tokenizer, parent: str, summary: d
     engine.export_hf(ctx.run_dir / "final", tokenizer)
     per_rank = [round(x, 3) for x in dist.all_gather_object(peak_memory_gb(ctx.info.device))]
     summary.update(peak_memory_gb=max(per_rank), peak_memory_gb_per_rank=per_rank)
+    if ctx.info.device.type == "cpu":  # the process's own share of a CPU peak (rlft.memory)
+        from rlft.models import memory_before_model_gb
+
+        before = dist.all_gather_object(memory_before_model_gb() or 0.0)
+        summary.update(memory_before_model_gb_per_rank=[round(x, 3) for x in before])
     if ctx.info.is_main:
         from rlft.stages.inputs import data_description
 
