@@ -53,6 +53,9 @@ def test_recipe_names_the_real_model_and_data(tmp_path):
         run_cli(tmp_path, "train", "experiment=qwen_gsm8k_sft", "--cfg", "job")).stdout
     assert "source: openai/gsm8k" in proc.stdout and "precision: bf16" in proc.stdout
     assert "name: grpo" in proc.stdout and "zero_stage: 2" in proc.stdout
+    lora = check_ok(run_cli(tmp_path, "train", "experiment=qwen_gsm8k_grpo_lora", "--cfg", "job")).stdout
+    assert "path: Qwen/Qwen2.5-7B-Instruct" in lora and "rank: 64" in lora and "engine: vllm" in lora
+    assert "source: openai/gsm8k" in lora and "activation_checkpointing: true" in lora
 
 
 def test_recipe_sft_then_grpo_then_eval_on_a_tiny_qwen2(tmp_path):
