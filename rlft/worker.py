@@ -36,11 +36,25 @@ def main(argv: list[str]) -> None:
         # a rank process ends here: leave the group together (the in-process single rank keeps it
         # for the next job of a sweep)
         dist.shutdown()
+        exit_now(0)
     except _user_errors() as exc:
         report(exc)
         # every rank stops on a signal together (they agree on it), so they all exit 0 and the launcher
         # stays quiet; any other error exits non-zero so that the launcher stops the other ranks
         raise SystemExit(0 if isinstance(exc, signals.Interrupted) else 2) from None
+
+
+def exit_now(code: int) -> None:
+    """End a finished rank without the interpreter's teardown. The stage has written and closed
+    everything by now; what the teardown would still destroy are the communication library's
+    background threads, and destroying one that is still joinable aborts the process ("terminate
+    called without an active exception"), which turned a finished run into a failed one."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def report(exc: Exception) -> None:

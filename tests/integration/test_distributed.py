@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import time
 
 import pytest
 
-from conftest import (TINY, check_ok, cli_env, explain, free_port, popen_cli, read_manifest, run_cli,
+from conftest import (GLOO_ABORT, TINY, check_ok, cli_env, explain, free_port, popen_cli, read_manifest, run_cli,
                       run_cli_retrying_abort, stage_dir, tmp_leftovers, train_records)
 
 pytestmark = pytest.mark.slow
@@ -114,14 +115,8 @@ def test_gradient_norm_independent_of_split(curves):
         assert_curves_equal(base, curves(name), key="grad_norm")
 
 
-def test_two_node_launch_matches_single_rank(workdir, curves):
-    """Two drivers with engine.nnodes=2 and node_rank 0/1 (one rank each) meet at master_addr:port."""
-    port = free_port()
-    name = "nodes"
-    common = ["train", "algo=sft", f"run.name={name}", "run.root=runs", *BASE, *CONFIGS["ref"],
-              "engine.nnodes=2", "engine.nproc_per_node=1", "engine.master_addr=127.0.0.1",
-              f"engine.master_port={port}"]
-    logs = [workdir / f"node{r}.log" for r in (0, 1)]
+def launch_nodes(workdir, common: list[str], logs: list) -> list[int]:
+    """Start node_rank 0 and 1 (one driver each) and wait for both; their exit codes."""
     procs = [popen_cli(workdir, *common, f"engine.node_rank={r}", log=logs[r], env=cli_env()) for r in (0, 1)]
     deadline = time.time() + 600
     try:
@@ -132,7 +127,23 @@ def test_two_node_launch_matches_single_rank(workdir, curves):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=60)
-    codes = [p.returncode for p in procs]
+    return [p.returncode for p in procs]
+
+
+def test_two_node_launch_matches_single_rank(workdir, curves):
+    """Two drivers with engine.nnodes=2 and node_rank 0/1 (one rank each) meet at master_addr:port."""
+    port = free_port()
+    name = "nodes"
+    common = ["train", "algo=sft", f"run.name={name}", "run.root=runs", *BASE, *CONFIGS["ref"],
+              "engine.nnodes=2", "engine.nproc_per_node=1", "engine.master_addr=127.0.0.1",
+              f"engine.master_port={port}"]
+    logs = [workdir / f"node{r}.log" for r in (0, 1)]
+    codes = launch_nodes(workdir, common, logs)
+    if codes != [0, 0] and any(GLOO_ABORT in log.read_text() for log in logs):
+        # only the rare abort inside the CPU communication library (conftest.GLOO_ABORT) is retried
+        print("a rank aborted in the communication library; retrying once\n" + logs[1].read_text()[-2000:])
+        shutil.rmtree(workdir / "runs" / name, ignore_errors=True)
+        codes = launch_nodes(workdir, common, logs)
     assert codes == [0, 0], "\n".join(f"--- node {r} (exit {c})\n{logs[r].read_text()[-3000:]}"
                                       for r, c in enumerate(codes))
     run = stage_dir(workdir, name, "sft")
