@@ -81,6 +81,11 @@ class TrainConfig:
     """Global batch: sequences (or pairs, for reward models) per optimizer step, all ranks together."""
     micro_batch_per_device: int = 8
     """Sequences per forward/backward on one rank; accumulation = batch_size / (micro x ranks)."""
+    max_tokens_per_micro_batch: int = 0
+    """When > 0, training and scoring forwards are formed by tokens instead of micro_batch_per_device: each
+    rank groups its sequences, longest first, into forwards of at most this many tokens (real tokens with
+    train.packing, else sequences x the longest); ranks run the same number of forwards. The losses keep their
+    whole-step normalisation, so the update is the same (rlft/microbatch.py)."""
     lr: float = 1e-3
     """Peak learning rate."""
     lr_schedule: LRSchedule = LRSchedule.cosine
@@ -233,6 +238,9 @@ class LoraOptions:
     target_modules: list = field(default_factory=lambda: ["all-linear"])
     """Modules that get an adapter: all-linear (every Linear but the output layer) or module names, e.g.
     [q_proj,k_proj,v_proj,o_proj]."""
+    load_in_4bit: bool = False
+    """QLoRA: the trained model's base weights loaded in 4 bits (NF4, double quantization; bitsandbytes) and the
+    adapter trained in the compute precision; final/ is still a plain merged model. ZeRO 0-2, from a checkpoint."""
 
 
 @dataclass
@@ -797,6 +805,16 @@ def validate(cfg) -> None:
                        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step)]:
         if value < 1:
             raise ConfigError(f"{key}={value} must be at least 1")
+    if t.max_tokens_per_micro_batch < 0:
+        raise ConfigError(f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} must be 0 (off: "
+                          "train.micro_batch_per_device sequences per forward) or a token budget")
+    if cfg.model.lora.load_in_4bit:
+        if cfg.model.lora.rank <= 0:
+            raise ConfigError("model.lora.load_in_4bit=true quantizes the base under a LoRA adapter; set model.lora.rank "
+                              "(e.g. 16) or drop load_in_4bit")
+        if e.zero_stage == 3:
+            raise ConfigError("model.lora.load_in_4bit=true cannot be sharded by ZeRO-3 (4-bit weights are not "
+                              "partitioned); use engine.zero_stage=0, 1 or 2 (the base is 4 bits on every rank)")
     if not 0 <= e.node_rank < e.nnodes:
         raise ConfigError(f"engine.node_rank={e.node_rank} must be in [0, engine.nnodes={e.nnodes})")
     world = e.nproc_per_node * e.nnodes

@@ -9,6 +9,10 @@ writes stays a plain Hugging Face model:
     adapter_state_dict  the adapter alone, in peft's file format (PeftModel.from_pretrained reads it)
     adapter_disabled    the base model for the duration: RL's reference without a second copy
 
+QLoRA (`model.lora.load_in_4bit`): the base is loaded in 4 bits by transformers' bitsandbytes support;
+what rlft writes or syncs is dequantized first (dequantized_state_dict, plain_weight), so final/ is
+the same plain model.
+
 docs/lora.md has the options and what was tested.
 """
 from __future__ import annotations
@@ -25,6 +29,69 @@ ADAPTER = "default"  # peft's name for the one adapter rlft trains
 
 def enabled(model_cfg) -> bool:
     return int(model_cfg.lora.rank) > 0
+
+
+def quantized(model_cfg) -> bool:
+    """QLoRA: the trained model's base weights in 4 bits (model.lora.load_in_4bit)."""
+    return enabled(model_cfg) and bool(getattr(model_cfg.lora, "load_in_4bit", False))
+
+
+def quantization_config(compute_dtype: torch.dtype):
+    """transformers' bitsandbytes config for QLoRA's base: NF4 with double quantization (the QLoRA paper's),
+    matmuls in the training precision."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ImportError("model.lora.load_in_4bit=true needs bitsandbytes: pip install bitsandbytes") from None
+    from transformers import BitsAndBytesConfig
+
+    # the output layer and the reward/value heads (`score`, trained whole) stay in full precision
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute_dtype, llm_int8_skip_modules=["lm_head", "score"])
+
+
+def is_4bit(p) -> bool:
+    return type(p).__name__ == "Params4bit"
+
+
+def plain_weight(p: torch.Tensor) -> torch.Tensor:
+    """A weight as a plain model holds it: a 4-bit (QLoRA) base weight dequantized, any other as it is."""
+    if not is_4bit(p):
+        return p
+    import bitsandbytes as bnb
+
+    return bnb.functional.dequantize_4bit(p.data, p.quant_state)
+
+
+def dequantized_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with every 4-bit base weight dequantized and its quantization statistics (the
+    `<weight>.absmax`, `.quant_map`, ... entries) dropped; unchanged for a model without 4-bit weights."""
+    quant = {name: p for name, p in model.named_parameters() if is_4bit(p)}
+    if not quant:
+        return state
+    out = {}
+    for key, value in state.items():
+        if ".weight." in key and key.split(".weight.")[0] + ".weight" in quant:
+            continue
+        out[key] = plain_weight(quant[key]).detach().cpu() if key in quant else value
+    return out
+
+
+@contextlib.contextmanager
+def unquantized_view(model: torch.nn.Module):
+    """For the duration, transformers sees `model` as a plain model (no quantizer, no quantization_config),
+    so save_pretrained writes the state dict it is given (dequantized) and a config that loads plainly."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        yield model
+        return
+    qconfig = model.config.quantization_config
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    try:
+        yield model
+    finally:
+        model.hf_quantizer, model.config.quantization_config = quantizer, qconfig
 
 
 def add_adapter(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:

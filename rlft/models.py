@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rlft import lora
 from rlft.handoff import BUILTIN_MODEL
 
 HEADS = ("causal_lm", "rm", "prm")
@@ -69,11 +70,12 @@ def memory_before_model_gb() -> float | None:
 
 
 def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm", seed: int = 0,
-               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+               dtype: torch.dtype = torch.float32, trained: bool = False) -> torch.nn.Module:
     """A model with the requested head, from the built-in config or a checkpoint.
 
     A reward head on top of a causal-LM checkpoint starts from the checkpoint's backbone and
-    a freshly initialised (seeded) scalar head."""
+    a freshly initialised (seeded) scalar head. `trained`: the stage's trained model, whose base
+    weights QLoRA (model.lora.load_in_4bit) loads in 4 bits on this rank's device."""
     global _BEFORE_MODEL_GB
     if _BEFORE_MODEL_GB is None:
         import resource
@@ -86,11 +88,21 @@ def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm"
     torch.manual_seed(seed)
     impl = getattr(model_cfg, "attn_implementation", "auto")
     attention = {} if impl == "auto" else {"attn_implementation": impl}
+    quantize = trained and lora.quantized(model_cfg)
     if resolved_path == BUILTIN_MODEL:
+        if quantize:
+            from rlft.config import ConfigError
+
+            raise ConfigError("model.lora.load_in_4bit=true loads a checkpoint's weights in 4 bits, and the built-in "
+                             "model is built fresh; start from a checkpoint (e.g. model.path=stage:sft)")
         model = auto.from_config(tiny_config(model_cfg, tokenizer), **attention)
         model.to(dtype)
     else:
         kwargs = {"num_labels": 1} if head != "causal_lm" else {}
+        if quantize:
+            from rlft.engine import dist
+
+            kwargs.update(quantization_config=lora.quantization_config(dtype), device_map={"": dist.info().device})
         model = auto.from_pretrained(resolved_path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code,
                                      **attention, **kwargs)
     if model.config.pad_token_id is None:

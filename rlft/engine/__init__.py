@@ -147,12 +147,15 @@ class Engine:
     def __call__(self, *args, **kwargs):
         return self.ds(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of a micro-batch loss already normalised by the global item count.
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of a micro-batch loss already normalised by the global item count; `last`: the
+        optimizer step's final micro-batch, where DeepSpeed reduces the gradients and `step` updates
+        (marked here, so a step may have any number of micro-batches: train.max_tokens_per_micro_batch).
 
         A non-finite loss on any rank makes every rank drop this micro-batch (no backward, so the
         ranks' collectives stay matched and no NaN reaches the gradients); `step` then applies
         train.on_nonfinite."""
+        self.ds.set_gradient_accumulation_boundary(bool(last))
         bad = float(not bool(torch.isfinite(loss.detach()).all()))
         if self.info.world_size > 1:
             bad = dist.all_reduce_max([bad])[0]
@@ -239,7 +242,7 @@ class Engine:
     def _named_weights(self):
         if self.cfg.engine.zero_stage != 3:
             for name, p in self.module.named_parameters(remove_duplicate=False):
-                yield name, p.detach()
+                yield name, lora.plain_weight(p).detach()  # a 4-bit (QLoRA) base dequantized
             return
         import deepspeed
 
@@ -347,6 +350,7 @@ class Engine:
         state = self.full_state_dict()
         adapter = None
         if self.has_adapter and self.info.is_main:  # final/ is the plain model, the adapter goes beside it
+            state = lora.dequantized_state_dict(self.module, state)  # QLoRA: the base in the model's precision
             adapter, state = state, lora.merged_state_dict(self.module, state)
         bad = 0.0
         if self.info.is_main:
@@ -373,7 +377,8 @@ def save_hf_dir(model, state_dict, tokenizer, out_dir: Path) -> None:
     if short:
         raise DiskFullError(short)
     try:
-        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        with lora.unquantized_view(model):  # QLoRA: the state dict is dequantized; save it as a plain model
+            model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         write_checksums(tmp)
     except (OSError, RuntimeError) as exc:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from rlft import handoff, signals
+from rlft import handoff, microbatch, signals
 from rlft.config import samples_per_step
 from rlft.engine import CHECKPOINT_CONFIG, Engine, dist, list_checkpoints
 from rlft.engine.integrity import damage
@@ -69,11 +69,10 @@ def _permutation(n: int, seed: int) -> np.ndarray:
     return _PERMS[key]
 
 
-def rank_micro_batches(indices: Sequence[int], rank: int, world: int, micro: int) -> list[list[int]]:
-    """This rank's contiguous share of a global batch, cut into micro-batches."""
+def rank_share(indices: Sequence[int], rank: int, world: int) -> list[int]:
+    """This rank's contiguous share of a global batch."""
     per_rank = len(indices) // world
-    mine = list(indices[rank * per_rank:(rank + 1) * per_rank])
-    return [mine[i:i + micro] for i in range(0, len(mine), micro)]
+    return list(indices[rank * per_rank:(rank + 1) * per_rank])
 
 
 def rng_state() -> dict:
@@ -222,15 +221,26 @@ class Sums:
 LossFn = Callable[[torch.nn.Module, list, float], tuple[torch.Tensor, dict]]
 
 
+def example_sequences(example: dict) -> list[int]:
+    """Token lengths of the sequences one example puts through the model (a preference pair: two)."""
+    if "input_ids" in example:
+        return [len(example["input_ids"])]
+    return [len(example["chosen_ids"]), len(example["rejected_ids"])]
+
+
 def optimizer_step(engine: Engine, examples: list, indices: list[int], count_fn: Callable[[list], float],
-                   loss_fn: LossFn, micro: int, sums: Sums) -> None:
-    """One optimizer step on the global batch `indices`: this rank's share, micro-batch by micro-batch,
-    each loss divided by count_fn(global batch) (tokens, pairs or steps of the whole step)."""
+                   loss_fn: LossFn, train_cfg, sums: Sums) -> None:
+    """One optimizer step on the global batch `indices`: this rank's share, micro-batch by micro-batch
+    (train.micro_batch_per_device examples, or a token budget: rlft.microbatch), each loss divided by
+    count_fn(global batch) (tokens, pairs or steps of the whole step)."""
     info = dist.info()
     denom = float(count_fn([examples[i] for i in indices]))
-    for part in rank_micro_batches(indices, info.rank, info.world_size, micro):
-        loss, stats = loss_fn(engine, [examples[i] for i in part], denom)
-        engine.backward(loss)
+    mine = rank_share(indices, info.rank, info.world_size)
+    parts = microbatch.plan_for(train_cfg, [example_sequences(examples[i]) for i in mine])
+    sums.add("micro_batches", len(parts), 1)  # forwards per rank in this step
+    for k, part in enumerate(parts):
+        loss, stats = loss_fn(engine, [examples[mine[j]] for j in part], denom)
+        engine.backward(loss, last=k == len(parts) - 1)
         engine.step()
         sums.add_all(stats)
 
@@ -263,7 +273,7 @@ def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn:
     for step in range(start, t.max_steps):
         tic = time.time()
         optimizer_step(engine, examples, step_indices(step, t.batch_size, len(examples), cfg.seed), count_fn,
-                       loss_fn, t.micro_batch_per_device, sums)
+                       loss_fn, t, sums)
         step_time += time.time() - tic
         steps_since_log += 1
         done = step + 1

@@ -76,7 +76,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     common.seed_everything(cfg.seed)
     train = inputs.pair_examples(cfg, tokenizer, "train")
     test = inputs.pair_examples(cfg, tokenizer, "test")[:a.num_eval_pairs]
-    model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed).to(ctx.info.device)
+    model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True).to(ctx.info.device)
     micro = cfg.train.micro_batch_per_device
     packed = cfg.train.packing
     add_reference_logps(model, train + test, pad, micro, ctx.info.device, packed)

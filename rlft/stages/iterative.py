@@ -123,7 +123,7 @@ def train_reward_model(stage, kind: str, scorer, examples: list[dict]) -> dict:
         sums = common.Sums()
         common.optimizer_step(engine, examples,
                               common.step_indices(step, rm_cfg.train.batch_size, len(examples), stage.cfg.seed + 17),
-                              count, lambda e, x, d: loss_fn(e, x, d, pad), rm_cfg.train.micro_batch_per_device, sums)
+                              count, lambda e, x, d: loss_fn(e, x, d, pad), rm_cfg.train, sums)
         losses.append(sums.reduce()["loss"])
     scorer.use(engine.module)
     return {f"{kind}_retrain_loss_first": losses[0] if losses else float("nan"),

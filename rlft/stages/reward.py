@@ -140,7 +140,7 @@ def run(cfg, ctx: common.StageContext, head: str, examples, count_fn, loss) -> d
                                 "the sampled model needs both correct and incorrect samples: raise "
                                 "rollout.samples_per_prompt or algo.num_prompts")
     common.seed_everything(cfg.seed)
-    model = load_model(cfg.model, parent, tokenizer, head=head, seed=cfg.seed)
+    model = load_model(cfg.model, parent, tokenizer, head=head, seed=cfg.seed, trained=True)
     pad = tokenizer.pad_token_id
     loss_fn = lambda eng, exs, denom: loss(eng, exs, denom, pad)  # noqa: E731
     dist.print0(f"{head}: {len(train)} training and {len(test)} held-out examples"

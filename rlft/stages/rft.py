@@ -67,7 +67,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
-    model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed).to(ctx.info.device)
+    model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True).to(ctx.info.device)
     samples, stats = collect(cfg, ctx, model, tokenizer)
     dist.print0(f"rft: {stats}")
     if not samples:

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from rlft import handoff
+from rlft import handoff, microbatch
 from omegaconf import OmegaConf
 
 from rlft.algos import (ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES,
@@ -38,8 +38,8 @@ from rlft.models import load_model, load_tokenizer, token_scores
 from rlft.rewards.scoring import ExactSteps, RewardSet
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import Sampling, build_engine
-from rlft.rollout.logprobs import (batched_token_logp, chunk_rows, forward_logits, packed_logp, padding_fraction,
-                                  response_start, selective_logp)
+from rlft.rollout.logprobs import (chunk_rows, forward_logits, packed_logp, padding_fraction,
+                                  response_start, selective_logp, token_logp)
 from rlft.stages import common, inputs, iterative
 
 
@@ -57,15 +57,31 @@ def build_critic(cfg, tokenizer) -> Engine:
     critic_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     critic_cfg.train.lr = cfg.critic.lr
     path = handoff.resolve_model_path(cfg, cfg.critic.init)
-    return Engine(critic_cfg, load_model(cfg.model, path, tokenizer, head="rm", seed=cfg.seed))
+    return Engine(critic_cfg, load_model(cfg.model, path, tokenizer, head="rm", seed=cfg.seed, trained=True))
+
+
+def row_groups(attention_mask: torch.Tensor, first: int, count: int, micro: int, max_tokens: int = 0,
+               packed: bool = False, unit: int = 1) -> list[torch.Tensor]:
+    """The rows first..first+count-1 of a rollout cut into forwards (rlft.microbatch): `micro` rows at a
+    time, or by the token budget `max_tokens`; `unit` consecutive rows stay together (2: a pair)."""
+    lengths = attention_mask[first:first + count].sum(-1).tolist()
+    items = [lengths[i:i + unit] for i in range(0, count, unit)]
+    return [torch.tensor([first + unit * i + u for i in group for u in range(unit)])
+            for group in microbatch.plan(items, max(1, micro // unit), max_tokens, packed)]
 
 
 @torch.no_grad()
-def batched_values(critic: Engine, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro: int) -> torch.Tensor:
-    """Critic values [N, L-1] aligned to targets: column p values the state before token p+1."""
-    out = [token_scores(critic.module, ids, attn)[:, :-1]
-           for ids, attn in zip(input_ids.split(micro), attention_mask.split(micro))]
-    return torch.cat(out)
+def batched_values(critic: Engine, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro: int,
+                   max_tokens: int = 0, packed: bool = False) -> torch.Tensor:
+    """Critic values [N, L-1] aligned to targets: column p values the state before token p+1 (0 past
+    each forward's longest row)."""
+    out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    for rows in row_groups(attention_mask, 0, len(input_ids), micro, max_tokens, packed):
+        width = int(attention_mask[rows].sum(-1).max())
+        rows = rows.to(input_ids.device)
+        out[rows, :width - 1] = token_scores(critic.module, input_ids[rows, :width],
+                                             attention_mask[rows, :width])[:, :-1].float()
+    return out
 
 
 class RLStage:
@@ -76,7 +92,7 @@ class RLStage:
         self.parent = handoff.resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(cfg.model, self.parent)
         common.seed_everything(cfg.seed)
-        self.policy = Engine(cfg, load_model(cfg.model, self.parent, self.tokenizer, seed=cfg.seed))
+        self.policy = Engine(cfg, load_model(cfg.model, self.parent, self.tokenizer, seed=cfg.seed, trained=True))
         self.ref = None
         if needs_reference(cfg):  # with LoRA the reference is the policy's own base weights (adapter off)
             self.ref = BaseModel(self.policy) if self.policy.has_adapter else self.load_reference(self.parent)
@@ -174,16 +190,17 @@ class RLStage:
 
     def prepare(self, ro: rb.Rollout) -> None:
         """Old and reference log-probs, then advantages."""
-        a, micro = self.a, self.cfg.train.micro_batch_per_device
+        a, t = self.a, self.cfg.train
+        micro, budget = t.micro_batch_per_device, t.max_tokens_per_micro_batch
         dev = self.ctx.info.device
         ids, attn = ro.input_ids.to(dev), ro.attention_mask.to(dev)
         temperature = self.cfg.rollout.temperature
         reuse = (a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward"
                  or a.pairwise_loss is not None)
         if reuse or self.is_correction != "none":
-            ro.old_logp = rollout_logp(self.policy, ro, micro, temperature, self.cfg.train.packing)
+            ro.old_logp = rollout_logp(self.policy, ro, micro, temperature, t.packing, budget)
         if self.ref is not None:
-            ro.ref_logp = rollout_logp(self.ref, ro, micro, temperature, self.cfg.train.packing)
+            ro.ref_logp = rollout_logp(self.ref, ro, micro, temperature, t.packing, budget)
         keep = None
         if ro.old_logp is not None and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
             r = self.cfg.rollout
@@ -191,7 +208,7 @@ class RLStage:
             ro.is_weight, keep, ro.is_metrics = IS_CORRECTIONS.get(self.is_correction)(
                 ro.old_logp, engine_logp, ro.mask, ISConfig(r.is_level, r.is_cap))
         if self.critic is not None:
-            ro.values = batched_values(self.critic, ids, attn, micro)
+            ro.values = batched_values(self.critic, ids, attn, micro, budget, t.packing)
         G = self.cfg.rollout.samples_per_prompt
         if a.pairwise_loss is not None:
             ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp, ro.mask,
@@ -215,15 +232,15 @@ class RLStage:
         self.kl_coef = float(self.kl_ctl.value)
 
     def update(self, ro: rb.Rollout, stats: common.Sums, rollout_index: int) -> None:
-        micro = self.cfg.train.micro_batch_per_device
+        t = self.cfg.train
+        micro, budget, packed = t.micro_batch_per_device, t.max_tokens_per_micro_batch, t.packing
         seed = (self.cfg.seed * 1_000_003 + rollout_index) * 4099 + self.ctx.info.rank
-        packed = self.cfg.train.packing
         if self.a.pairwise_loss is not None:
             update_pairwise(self.policy, self.a, self.cfg.pairwise, self.cfg.rollout, micro, ro, stats, self.kl_coef,
-                            seed, packed=packed)
+                            seed, packed=packed, max_tokens=budget)
         else:
             update_policy(self.policy, self.ref, self.a, self.cfg.rollout, micro, ro, stats, self.critic, self.kl_coef,
-                          seed, value_clip=self.cfg.critic.value_clip, packed=packed)
+                          seed, value_clip=self.cfg.critic.value_clip, packed=packed, max_tokens=budget)
 
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
@@ -257,19 +274,29 @@ class BaseModel:
 
 
 @torch.no_grad()
-def rollout_logp(engine: Engine, ro: rb.Rollout, micro: int, temperature: float, packed: bool = False) -> torch.Tensor:
+def rollout_logp(engine: Engine, ro: rb.Rollout, micro: int, temperature: float, packed: bool = False,
+                 max_tokens: int = 0) -> torch.Tensor:
     """Per-token log-probs [N, L-1] of the rollout's sequences under `engine` (old or reference),
-    micro-batch by micro-batch; the logits start at each micro-batch's first response column
-    (`packed`: one padding-free forward per micro-batch, logits only at response tokens)."""
+    forward by forward (`micro` rows, or the token budget `max_tokens`), each trimmed to its longest
+    row with logits from its first response column on (`packed`: one padding-free forward each,
+    logits only at response tokens). Columns outside the response are not used."""
     dev = engine.device
-    if not packed:
-        return batched_token_logp(engine, ro.input_ids.to(dev), ro.attention_mask.to(dev), micro, temperature, ro.mask)
-    return torch.cat([packed_logp(engine, ro.input_ids[i:i + micro].to(dev), ro.attention_mask[i:i + micro].to(dev),
-                                  ro.mask[i:i + micro].to(dev), temperature) for i in range(0, len(ro), micro)])
+    out = torch.zeros(ro.mask.shape, device=dev)
+    for rows in row_groups(ro.attention_mask, 0, len(ro), micro, max_tokens, packed):
+        width = int(ro.attention_mask[rows].sum(-1).max())
+        ids, attn = ro.input_ids[rows, :width].to(dev), ro.attention_mask[rows, :width].to(dev)
+        mask = ro.mask[rows, :width - 1].to(dev)
+        if packed:
+            logp = packed_logp(engine, ids, attn, mask, temperature)
+        else:
+            logp = token_logp(engine, ids, attn, temperature, response_start(mask))
+        out[rows.to(dev), :width - 1] = logp.float()
+    return out
 
 
-def micro_forward(policy: Engine, ro: rb.Rollout, sl: slice, temperature: float, packed: bool = False):
-    """One micro-batch of the rollout through the policy (with grad), trimmed to its longest row
+def micro_forward(policy: Engine, ro: rb.Rollout, sl, temperature: float, packed: bool = False):
+    """One micro-batch of the rollout (rows: a slice or row indices) through the policy (with grad),
+    trimmed to its longest row
     and, for the logits, to the target columns from its first response token on:
     (ids, attention mask, cols, response mask, token entropy (no grad), per-token log-probs).
     `cols` selects those columns from any [N, L-1] rollout tensor (old/ref log-probs, advantages,
@@ -308,7 +335,8 @@ def optimizer_steps(rollout: rb.Rollout, a, group_size: int, shuffle_seed: int |
 
 def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.Rollout, stats: common.Sums,
                   critic: Engine | None = None, kl_coef: float | None = None,
-                  shuffle_seed: int | None = None, value_clip: float = 0.2, packed: bool = False) -> None:
+                  shuffle_seed: int | None = None, value_clip: float = 0.2, packed: bool = False,
+                  max_tokens: int = 0) -> None:
     """mu passes over the rollout, `minibatches_per_rollout` optimizer steps each.
 
     Every micro-batch loss is normalised by the counts of its whole minibatch on all ranks,
@@ -322,8 +350,10 @@ def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.R
     pl_cfg = PolicyLossConfig(a.clip_eps_low, a.clip_eps_high, a.dual_clip_c)
     for ro, start, per_mb in optimizer_steps(ro, a, r.samples_per_prompt, shuffle_seed):
         denom = global_denominator(ro.mask[start:start + per_mb], r.max_new_tokens)
-        for m in range(start, start + per_mb, micro):
-            sl = slice(m, m + micro)
+        groups = row_groups(ro.attention_mask, start, per_mb, micro, max_tokens, packed)
+        stats.add("micro_batches", len(groups), 1)  # forwards per rank in this optimizer step
+        for k, sl in enumerate(groups):
+            last = k == len(groups) - 1
             ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature, packed)
             add_padding(stats, attn, packed)
             old = ro.old_logp[sl, cols].to(dev) if ro.old_logp is not None else None
@@ -336,13 +366,13 @@ def update_policy(policy: Engine, ref: Engine | None, a, r, micro: int, ro: rb.R
                 if a.kl_in == "loss":
                     loss_tok = loss_tok + (a.kl_coef if kl_coef is None else kl_coef) * kl
                 stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
-            policy.backward(aggregate(loss_tok, mask, denom))
+            policy.backward(aggregate(loss_tok, mask, denom), last=last)
             policy.step()
             if critic is not None:
                 values = token_scores(critic.module, ids, attn)[:, :-1][:, cols.start:]
                 vloss, vm = value_loss(values, ro.values[sl, cols].to(dev),
                                        ro.returns[sl, cols].to(dev), mask, value_clip, denom)
-                critic.backward(vloss)
+                critic.backward(vloss, last=last)
                 critic.step()
                 stats.add("value_loss", vloss.item() * denom.num_tokens, tokens)
                 stats.add("vf_explained_var", vm["vf_explained_var"].item() * tokens, tokens)
@@ -363,7 +393,7 @@ def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int)
 
 
 def update_pairwise(policy: Engine, a, pairwise, r, micro: int, ro: rb.Rollout, stats: common.Sums,
-                    kl_coef: float, shuffle_seed: int | None = None, packed: bool = False) -> None:
+                    kl_coef: float, shuffle_seed: int | None = None, packed: bool = False, max_tokens: int = 0) -> None:
     """Pairwise updates on rows (2j, 2j+1) with the PAIRWISE_LOSSES entry `algo.pairwise_loss`
     (P3O §10, online DPO §9); each micro-batch's loss is normalised by its optimizer step's counts."""
     dev = policy.device
@@ -376,8 +406,10 @@ def update_pairwise(policy: Engine, a, pairwise, r, micro: int, ro: rb.Rollout, 
         untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
         pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
         counts = PairCounts(pairs=pairs, tokens=tokens, untied=untied)
-        for m0 in range(start, start + per_mb, micro):
-            sl, pl = slice(m0, m0 + micro), slice(m0 // 2, (m0 + micro) // 2)
+        groups = row_groups(ro.attention_mask, start, per_mb, micro, max_tokens, packed, unit=2)
+        stats.add("micro_batches", len(groups), 1)
+        for k, sl in enumerate(groups):
+            pl = sl[0::2] // 2  # rows (2j, 2j+1) are pair j
             ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, sl, r.temperature, packed)
             add_padding(stats, attn, packed)
             ref = ro.ref_logp[sl, cols].to(dev) if ro.ref_logp is not None else None
@@ -385,7 +417,7 @@ def update_pairwise(policy: Engine, a, pairwise, r, micro: int, ro: rb.Rollout, 
                               scores=ro.pair_scores[pl].to(dev), s_ref=ro.pair_s_ref[pl].to(dev),
                               delta=ro.delta[pl].to(dev))
             loss, metrics = loss_fn(batch, cfg, counts)
-            policy.backward(loss)
+            policy.backward(loss, last=k == len(groups) - 1)
             policy.step()
             stats.add_all(metrics)
             tokens_here = mask.sum().item()

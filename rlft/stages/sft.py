@@ -55,7 +55,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
-    model = load_model(cfg.model, parent, tokenizer, head="causal_lm", seed=cfg.seed)
+    model = load_model(cfg.model, parent, tokenizer, head="causal_lm", seed=cfg.seed, trained=True)
     train = inputs.sft_examples(cfg, tokenizer, "train")
     dist.print0(f"sft: {len(train)} training examples, "
                 f"{sum(ex['truncated'] for ex in train)} truncated at train.max_seq_len={cfg.train.max_seq_len}")

@@ -44,6 +44,9 @@ CONFIGS = {
     # checkpointing (recomputation in the backward pass): the same update, less GPU memory
     "offload": ["engine=zero2", "engine.nproc_per_node=1", "train.micro_batch_per_device=8",
                 "engine.offload_optimizer=true", "engine.activation_checkpointing=true"],
+    # forwards cut by a token budget (packed): a varying number per step, agreed between the ranks
+    "tokens": ["engine=zero3", "engine.nproc_per_node=2", "train.micro_batch_per_device=4", "train.packing=true",
+               "train.max_tokens_per_micro_batch=200"],
 }
 RTOL = 1e-4
 
@@ -94,6 +97,14 @@ def test_reference_curve_moves(curves):
 def test_two_ranks_match_one_rank(curves, name):
     assert_curves_equal(curves("ref"), curves(name))
     assert_curves_equal(curves("ref"), curves(name), key="token_acc")
+
+
+def test_token_budget_invariance(curves):
+    """Micro-batches by tokens under ZeRO-3 on 2 ranks: the same update as the fixed split."""
+    forwards = [r["micro_batches"] for r in curves("tokens")]
+    assert len(set(forwards)) > 1, forwards  # the budget cut the steps, differently step by step
+    assert_curves_equal(curves("ref"), curves("tokens"))
+    assert_curves_equal(curves("z3x2"), curves("tokens"), key="grad_norm")
 
 
 def test_accumulation_invariance(curves):

@@ -42,6 +42,7 @@ out_dir, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
 world = int(os.environ["WORLD_SIZE"])
 
 from hydra import compose, initialize_config_dir
+from rlft import microbatch
 from rlft.config import register_schemas, validate
 from rlft.overrides import conf_dir
 from rlft.data.tokenizer import build_char_tokenizer
@@ -74,7 +75,9 @@ def make_cfg(case):
                  "algo.kl_coef=0.04", f"algo.loss_agg={case['agg']}", f"train.micro_batch_per_device={case['micro']}",
                  f"algo.updates_per_rollout={case.get('mu', 1)}",
                  f"algo.minibatches_per_rollout={case.get('minibatches', 1)}",
-                 f"train.lr={case['lr']}", f"train.grad_clip={case.get('clip', 1.0)}", "train.warmup_steps=0"]
+                 f"train.lr={case['lr']}", f"train.grad_clip={case.get('clip', 1.0)}", "train.warmup_steps=0",
+                 f"train.max_tokens_per_micro_batch={case.get('tokens', 0)}",
+                 f"train.packing={str(case.get('packing', False)).lower()}"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     validate(cfg)
@@ -148,7 +151,13 @@ for case in cases:
         reuse = case.get("mu", 1) > 1 or case.get("minibatches", 1) > 1
         assert (ro.old_logp is not None) == reuse
         stats = Sums()
-        rl.update_policy(policy, ref, cfg.algo, cfg.rollout, cfg.train.micro_batch_per_device, ro, stats)
+        t = cfg.train
+        rl.update_policy(policy, ref, cfg.algo, cfg.rollout, t.micro_batch_per_device, ro, stats,
+                         packed=t.packing, max_tokens=t.max_tokens_per_micro_batch)
+        # forwards this rank's rows would need alone by the token budget (before the ranks agree)
+        items = [[int(n)] for n in ro.attention_mask.sum(-1)]
+        alone = len(microbatch.by_tokens(items, t.max_tokens_per_micro_batch, t.packing)) if t.max_tokens_per_micro_batch else 0
+        alone = dist.all_gather_object(alone)
         denom = rl.global_denominator(ro.mask, cfg.rollout.max_new_tokens)
         metrics = stats.reduce()
         state = policy.full_state_dict()
@@ -159,7 +168,7 @@ for case in cases:
         torch.save({"initial": initial, "final": state}, out_dir / f"{case['name']}.pt")
         results[case["name"]] = {"metrics": metrics, "steps": steps, "batch_size": cfg.train.batch_size,
                                  "denom": [denom.num_seqs, denom.num_tokens, denom.max_len],
-                                 "rows_on_rank0": len(ro)}
+                                 "rows_on_rank0": len(ro), "forwards_alone_per_rank": alone}
     dist.barrier()
 if info.is_main:
     (out_dir / "results.json").write_text(json.dumps(results))
@@ -180,7 +189,11 @@ ONE_RANK = (
        case("reuse-m8", "token-mean", 8, mu=2, minibatches=2),
        case("reuse-m2", "token-mean", 2, mu=2, minibatches=2),
        case("mu2-m8", micro=8, mu=2),
-       case("sgd-mb2-m8", "token-mean", 8, optimizer="sgd", minibatches=2)]
+       case("sgd-mb2-m8", "token-mean", 8, optimizer="sgd", minibatches=2),
+       # forwards cut by a token budget (train.max_tokens_per_micro_batch), padded and packed
+       case("sgd-token-mean-tok70", "token-mean", 8, optimizer="sgd", tokens=70),
+       case("sgd-token-mean-tok50-packed", "token-mean", 8, optimizer="sgd", tokens=50, packing=True),
+       case("reuse-tok60", "token-mean", 8, mu=2, minibatches=2, tokens=60)]
 )
 TWO_RANKS = [
     case("adam-seq-mean-token-mean-z0-m4", micro=4, zero=0),
@@ -192,6 +205,9 @@ TWO_RANKS = [
     case("broken-token-mean-z0-m8", "token-mean", 8, optimizer="sgd", broken=True),
     case("mu2-m4", micro=4, mu=2),
     case("sgd-mb2-m4", "token-mean", 4, optimizer="sgd", minibatches=2),
+    # ZeRO-3 gathers parameters at every forward: ranks whose rows need different numbers of forwards
+    # by the budget must still run the same number
+    case("sgd-token-mean-z3-tok45-packed", "token-mean", 4, zero=3, optimizer="sgd", tokens=45, packing=True),
 ]
 
 
@@ -308,3 +324,22 @@ def test_global_denominator_sums_over_ranks(runs):
 
 def test_world_size_does_not_change_minibatch_updates(runs):
     assert max_diff(final(runs, 2, "sgd-mb2-m4"), final(runs, 1, "sgd-mb2-m8")) < TOL
+
+
+@pytest.mark.parametrize("world, name", [(1, "sgd-token-mean-tok70"), (1, "sgd-token-mean-tok50-packed"),
+                                         (2, "sgd-token-mean-z3-tok45-packed")])
+def test_token_budget_does_not_change_the_update(runs, world, name):
+    res = runs[world]["results"][name]
+    assert res["metrics"]["micro_batches"] > 2  # the budget cut each rank's rows into several forwards
+    assert max_diff(final(runs, world, name), final(runs, 1, "sgd-token-mean-m8")) < TOL
+
+
+def test_token_budget_ranks_agree_on_the_number_of_forwards(runs):
+    res = runs[2]["results"]["sgd-token-mean-z3-tok45-packed"]
+    alone = res["forwards_alone_per_rank"]
+    assert alone[0] != alone[1], alone  # the ranks' rows differ in length: the agreement was needed
+    assert res["metrics"]["micro_batches"] == max(alone)
+
+
+def test_token_budget_with_reused_batches(runs):
+    assert max_diff(final(runs, 1, "reuse-tok60"), final(runs, 1, "reuse-m8")) < TOL

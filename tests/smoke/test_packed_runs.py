@@ -1,6 +1,7 @@
 """train.packing on real runs: SFT, DPO and GRPO (scoring and update passes) trained with padding-free
 forwards follow the padded runs' curves and end at the same weights (up to floating-point order); the
-padding fraction of the update forwards is logged."""
+padding fraction of the update forwards is logged. Forwards cut by a token budget
+(train.max_tokens_per_micro_batch) end at the same weights too."""
 from __future__ import annotations
 
 import pytest
@@ -16,14 +17,23 @@ SMALL = ["train.batch_size=8", "train.micro_batch_per_device=4", "train.log_ever
          "train.lr=1e-2"]
 
 
+VARIANTS = {"false": ["train.packing=false"], "true": ["train.packing=true"],
+            # packed forwards cut by a token budget instead of micro_batch_per_device
+            "tokens": ["train.packing=true", "train.max_tokens_per_micro_batch=200"]}
+
+
 def both(tmp_path, algo: str, *args) -> tuple[list[dict], list[dict], dict, dict]:
-    out = []
-    for packing in ("false", "true"):
-        d = f"runs/{RUN}/{algo}_{packing}"
-        check_ok(rl_cli(tmp_path, "train", f"algo={algo}", f"run.name={RUN}", f"run.dir={d}", *args,
-                        f"train.packing={packing}"))
-        out.append((read_metrics(tmp_path / d), load_safetensors(tmp_path / d / "final")))
-    (m_pad, w_pad), (m_pack, w_pack) = out
+    """(padded metrics, packed metrics, padded weights, packed weights); the token-budget run is
+    checked against the packed one here."""
+    out = {}
+    for name, over in VARIANTS.items():
+        d = f"runs/{RUN}/{algo}_{name}"
+        check_ok(rl_cli(tmp_path, "train", f"algo={algo}", f"run.name={RUN}", f"run.dir={d}", *args, *over))
+        out[name] = (read_metrics(tmp_path / d), load_safetensors(tmp_path / d / "final"))
+    (m_pad, w_pad), (m_pack, w_pack), (m_tok, w_tok) = out["false"], out["true"], out["tokens"]
+    same_weights(w_pack, w_tok)
+    forwards = [r["micro_batches"] for r in m_tok if "micro_batches" in r]
+    assert forwards and forwards != [r["micro_batches"] for r in m_pack if "micro_batches" in r], forwards
     return m_pad, m_pack, w_pad, w_pack
 
 

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from rlft.engine import make_scheduler
-from rlft.stages.common import rank_micro_batches, step_indices
+from rlft.microbatch import fixed
+from rlft.stages.common import rank_share, step_indices
 
 W, T, M = 4, 14, 0.1
 
@@ -94,6 +95,11 @@ def test_step_indices_cover_each_epoch_exactly_once(batch, n):
 def test_step_indices_shuffle_is_not_identity():
     flat = [i for s in range(5) for i in step_indices(s, 10, 50, seed=0)]
     assert flat != list(range(50))
+
+
+def rank_micro_batches(indices, rank, world, micro):
+    share = rank_share(indices, rank, world)
+    return [[share[j] for j in group] for group in fixed(len(share), micro)]
 
 
 @pytest.mark.parametrize("world,micro", [(1, 2), (1, 8), (2, 2), (2, 4), (4, 1), (4, 2)])

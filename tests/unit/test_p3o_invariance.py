@@ -34,7 +34,7 @@ class SGDEngine:
     def __call__(self, **kwargs):
         return self.module(**kwargs)
 
-    def backward(self, loss):
+    def backward(self, loss, last):
         loss.backward()
 
     def step(self):
