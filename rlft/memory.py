@@ -3,6 +3,7 @@
 Model states (bytes per parameter, divided over the ranks that shard them):
 
     weights      2 (bf16) or 4 (fp32) x all parameters         sharded by ZeRO-3
+                 (QLoRA: the linear maps' in NF4, about 0.516 bytes each)
     fp32 master  4 x trainable (bf16; and fp32 under ZeRO 1-3:  sharded by ZeRO 1-3
                  DeepSpeed keeps a separate fp32 partition)
     gradients    2 or 4 x trainable (4 under ZeRO-3, which       sharded by ZeRO 2-3
@@ -39,6 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GiB = 2**30
+# QLoRA's NF4 weights with double quantization (blocks of 64, their absmax in 8 bits, blocks of 256 of those
+# with an fp32 absmax): 4 bits + 8/64 + 32/(64 x 256) bits per parameter
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 CHUNK_BYTES = 2**29  # rlft.rollout.logprobs.CHUNK_BYTES: fp32 log-softmax rows at a time
 
 
@@ -67,6 +71,13 @@ class Shape:
         embed = self.vocab * self.hidden
         return self.layers * per_layer + embed * (1 if self.tied else 2) + self.hidden
 
+    @property
+    def linear_params(self) -> int:
+        """Weights of the layers' linear maps (attention and MLP): what QLoRA stores in 4 bits."""
+        kv = self.kv_heads * self.head_dim
+        return self.layers * (self.hidden * (self.hidden + 2 * kv) + self.hidden * self.hidden
+                              + 3 * self.hidden * self.intermediate)
+
     def lora_params(self, rank: int, targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> int:
         """Adapter parameters: rank x (in + out) per adapted matrix and layer."""
         kv = self.kv_heads * self.head_dim
@@ -91,6 +102,7 @@ class Setup:
     precision: str = "bf16"  # bf16 | fp32
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    load_in_4bit: bool = False  # QLoRA: the layers' linear weights in NF4 (model.lora.load_in_4bit)
     offload_optimizer: bool = False
     reference: bool = False  # an RL stage with a KL term (needs the reference's log-probs)
     activation_checkpointing: bool = False
@@ -137,6 +149,8 @@ def estimate(shape: Shape, s: Setup, cpu: bool = False, rank0: bool = True) -> E
     on_host = s.offload_optimizer and z >= 1 and not cpu  # ZeRO-Offload: these live in CPU memory
     est = Estimate(runtime=float(s.runtime_bytes))
     est.parts["weights"] = P * wb / shard3
+    if s.load_in_4bit:  # ZeRO-3 is refused with 4-bit weights
+        est.parts["weights"] = (P - shape.linear_params) * wb + shape.linear_params * NF4_BYTES
     if lora:
         est.parts["weights"] += T * 4  # the adapter in fp32 beside the (frozen) base
     master = s.precision == "bf16" or z >= 1

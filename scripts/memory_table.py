@@ -31,6 +31,7 @@ SETUPS = [  # (label, world, zero stage, offload, LoRA rank)
     ("full, ZeRO-2, 8 GPUs", 8, 2, False, 0),
     ("full, ZeRO-3, 8 GPUs", 8, 3, False, 0),
     ("LoRA r=64, ZeRO-0, 1 GPU", 1, 0, False, 64),
+    ("QLoRA r=64 (NF4 base), ZeRO-0, 1 GPU", 1, 0, False, 64),
 ]
 
 
@@ -40,7 +41,7 @@ def rows(args) -> list[dict]:
         shape = memory.SHAPES[name]
         for label, world, zero, offload, rank in SETUPS:
             common = dict(world=world, zero_stage=zero, precision="bf16", offload_optimizer=offload,
-                          lora_rank=rank, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                          lora_rank=rank, load_in_4bit=label.startswith("QLoRA"), lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                         "up_proj", "down_proj"),
                           activation_checkpointing=True, micro_batch_tokens=args.micro * args.tokens,
                           loss_tokens=args.micro * args.tokens // 2, runtime_bytes=int(args.runtime_gib * GiB))

@@ -88,3 +88,29 @@ def test_phases_and_peak():
     assert est.peak_phase == max(est.phases, key=est.phases.get)
     checkpointed = memory.estimate(SMALL, memory.Setup(**{**s.__dict__, "activation_checkpointing": True}))
     assert checkpointed.phases["training"] < est.phases["training"]
+
+
+def test_qlora_weights_match_a_model_loaded_in_4_bits(tmp_path):
+    """The NF4 arithmetic against transformers + bitsandbytes: the bytes of a model loaded in 4 bits (its
+    parameters plus each 4-bit weight's double-quantized block statistics)."""
+    pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes (installed by .[test])")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlft import lora
+
+    shape = memory.Shape(layers=2, hidden=256, intermediate=512, heads=4, kv_heads=2, vocab=1000)
+    qwen2(shape).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=lora.quantization_config(torch.float32),
+                                                 device_map={"": "cpu"})
+    measured = 0
+    for p in model.parameters():
+        measured += p.numel() * p.element_size()
+        if lora.is_4bit(p):
+            state = p.quant_state
+            measured += state.absmax.numel() * state.absmax.element_size()
+            measured += state.state2.absmax.numel() * state.state2.absmax.element_size() if state.nested else 0
+    predicted = memory.estimate(shape, memory.Setup(precision="fp32", load_in_4bit=True)).parts["weights"]
+    assert predicted == pytest.approx(measured, rel=0.01)
+    full = memory.estimate(shape, memory.Setup(precision="fp32")).parts["weights"]
+    assert predicted < 0.45 * full
