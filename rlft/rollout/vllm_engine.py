@@ -50,6 +50,12 @@ def engine_env() -> None:
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
 
 
+def shm_segments() -> set[Path]:
+    """vLLM's CPU shared-memory communication buffers now in /dev/shm."""
+    shm = Path("/dev/shm")
+    return set(shm.glob("*cpushm*")) if shm.is_dir() else set()
+
+
 class VLLMEngine:
     name = "vllm"
 
@@ -88,7 +94,9 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int((v.kv_cache_gib or 0.25) * 2**30)
         set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         tic = time.time()
+        shm_before = shm_segments()
         self.llm = LLM(**kwargs)
+        self.shm_created = shm_segments() - shm_before  # vLLM's CPU communication buffers of this run
         # in-place reloads warn that rotary tables (computed, not loaded) received no weights
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.start_seconds = time.time() - tic
@@ -103,10 +111,16 @@ class VLLMEngine:
         self.sleep()
 
     def close(self) -> None:
-        """Shut the engine down (collective with its tensor-parallel peers)."""
+        """Shut the engine down (collective with its tensor-parallel peers) and remove what it left on disk:
+        the model directory and its CPU shared-memory buffers. vLLM unlinks those only when the process's
+        C++ objects are destroyed, which a rank ending with os._exit skips (rlft.worker), and their names
+        are the same in every run, so a leftover one makes the next run's engine fail to start."""
         if self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
+            for path in self.shm_created:
+                path.unlink(missing_ok=True)
+            self.model_dir.cleanup()
 
     def describe(self) -> str:
         v = self.cfg.rollout.vllm
