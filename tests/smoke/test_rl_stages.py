@@ -115,7 +115,15 @@ def test_grpo_process_supervision_with_the_exact_step_verifier_and_a_sample_budg
     recs = check_rl_metrics(work, "grpo", 3, kl=True)
     assert [r["samples_seen"] for r in recs] == [16, 32, 48]
     assert read_manifest(stage_dir(work, RUN, "grpo"))["summary"]["samples_seen"] == 48
-    check_outputs(work, "grpo", all_changed=False)
+    if all(r["frac_zero_std"] == 1.0 for r in recs):
+        # the 3-step SFT model writes no checkable step, so every group's step rewards are equal: no signal,
+        # and with the policy still at the reference no KL gradient either; the update must then be exactly
+        # nothing (a numerical mismatch between the policy's and the reference's log-probs would show here)
+        before = load_safetensors(stage_dir(work, RUN, "sft") / "final")
+        after = load_safetensors(stage_dir(work, RUN, "grpo") / "final")
+        assert not changed_tensors(before, after)
+    else:
+        check_outputs(work, "grpo", all_changed=False)
 
 
 @pytest.mark.slow
