@@ -282,7 +282,7 @@ def rollout_logp(engine: Engine, ro: rb.Rollout, micro: int, temperature: float,
     logits only at response tokens). Columns outside the response are not used."""
     dev = engine.device
     out = torch.zeros(ro.mask.shape, device=dev)
-    for rows in row_groups(ro.attention_mask, 0, len(ro), micro, max_tokens, packed):
+    for rows in row_groups(ro.attention_mask, 0, ro.input_ids.shape[0], micro, max_tokens, packed):
         width = int(ro.attention_mask[rows].sum(-1).max())
         ids, attn = ro.input_ids[rows, :width].to(dev), ro.attention_mask[rows, :width].to(dev)
         mask = ro.mask[rows, :width - 1].to(dev)
