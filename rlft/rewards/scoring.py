@@ -61,7 +61,7 @@ class ScoringModel:
     """A frozen RM or PRM (the stage's HF directory) that scores prompt + completion texts."""
 
     def __init__(self, cfg, kind: str, path: str, device: torch.device, micro_batch: int = 32):
-        self.kind, self.device, self.micro_batch = kind, device, micro_batch
+        self.kind, self.device, self.micro_batch, self.path = kind, device, micro_batch, path
         new_tokens = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
         self.max_len = cfg.train.max_seq_len + new_tokens
         self.tokenizer = load_tokenizer(cfg.model, path)

@@ -6,7 +6,10 @@ At the end of iteration k (before iteration k+1 starts):
   2. every reward model in use (RM and/or PRM) trains for `iterative.rm_steps` steps on
      data labelled by the rule verifier from iteration k's samples, mixed with a replay of its
      earlier training data making up `iterative.replay_ratio` (10%) of the mix; it is saved to
-     iterations/iter-k/<rm|prm>;
+     iterations/iter-k/<rm|prm>, the rows it added to iterations/iter-k/<rm|prm>_train_data.jsonl.
+     Earlier training data: the rows its stage trained on (<stage>/train_data.jsonl, written when
+     they were policy samples; otherwise the data's own pairs / step labels) and every earlier
+     iteration's added rows;
        RM  pairs: (correct, incorrect) completions of the same prompt;
        PRM step labels, Math-Shepherd hard estimate (§2.2): every step of a correct completion
            is 1; a step of an incorrect one is 1 when any of `iterative.label_completions` continuations of
@@ -25,13 +28,13 @@ import random
 from omegaconf import OmegaConf
 
 from rlft.data import labels as L
-from rlft.data.encode import encode_pair, encode_prompt, encode_steps
+from rlft.data.encode import encode_prompt
 from rlft.engine import Engine, dist, save_hf_dir
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout.generate import Sampling
-from rlft.stages import common, inputs
+from rlft.stages import common, inputs, policy_data
 from rlft.stages.reward import prm_loss, rm_loss, step_count
 
 
@@ -60,34 +63,51 @@ def hard_step_labels(stage, record: dict) -> list[int]:
     return hard
 
 
-def new_examples(stage, kind: str, tokenizer, records: list[dict]) -> list[dict]:
-    max_len = stage.cfg.train.max_seq_len
+def new_rows(stage, kind: str, records: list[dict]) -> list[dict]:
+    """The reward model's text rows from one iteration's samples: RM (correct, incorrect) pairs of one
+    prompt; PRM solutions with Math-Shepherd step labels (as many correct as incorrect ones)."""
     if kind == "rm":
-        return [encode_pair(tokenizer, p["prompt_text"], p["chosen"], p["rejected"], max_len)
-                for p in L.outcome_pairs(records, stage.cfg.rollout.samples_per_prompt)]
+        return L.outcome_pairs(records, stage.cfg.rollout.samples_per_prompt)
     correct = [r for r in records if r["correct"]]
     budget = stage.cfg.iterative.label_budget
     wrong = [r for r in records if not r["correct"]][:budget]
-    rows = [(r, hard_step_labels(stage, r)) for r in correct[:len(wrong) or budget] + wrong]
-    out = []
-    for r, labels in rows:
+    rows = []
+    for r in correct[:len(wrong) or budget] + wrong:
         steps, _ = split_steps(r["completion"])
         if steps:
-            ex = encode_steps(tokenizer, r["prompt_text"], steps, labels, max_len)
-            if ex["step_positions"]:
-                out.append(ex)
-    return out
+            rows.append({"prompt_text": r["prompt_text"], "steps": steps, "labels": hard_step_labels(stage, r)})
+    return rows
 
 
-def replay_examples(stage, kind: str, tokenizer, num_new: int, seed: int) -> list[dict]:
+def history_rows(stage, kind: str, scorer, done: int) -> list[dict] | None:
+    """The reward model's earlier training rows: those its stage trained on (kept beside its final/ when
+    they were policy samples) and those each iteration before `done` added; None when its stage kept none
+    (it trained on the data's own rows, which are re-read instead)."""
+    first = policy_data.train_data_file(scorer.path)
+    if not first.is_file():
+        return None
+    rows = policy_data.load_rows(first)
+    for j in range(done):
+        added = policy_data.train_data_file(stage.ctx.run_dir / "iterations" / f"iter-{j}" / kind)
+        if added.is_file():
+            rows += policy_data.load_rows(added)
+    return rows
+
+
+def replay_examples(stage, kind: str, scorer, num_new: int, done: int, seed: int) -> list[dict]:
     """Earlier training data of the reward model, sized to `iterative.replay_ratio` of the mix."""
     ratio = stage.cfg.iterative.replay_ratio
     if ratio <= 0 or num_new == 0:
         return []
-    history = inputs.pair_examples(stage.cfg, tokenizer, "train") if kind == "rm" else \
-        inputs.step_examples(stage.cfg, tokenizer, "train", 0.5)
-    count = min(len(history), max(1, round(num_new * ratio / (1.0 - ratio))))
-    return random.Random(seed).sample(history, count)
+    count = max(1, round(num_new * ratio / (1.0 - ratio)))
+    history = history_rows(stage, kind, scorer, done)
+    if history is None:
+        tok = scorer.tokenizer
+        data = inputs.pair_examples(stage.cfg, tok, "train") if kind == "rm" else \
+            inputs.step_examples(stage.cfg, tok, "train", 0.5)
+        return random.Random(seed).sample(data, min(len(data), count))
+    rows = random.Random(seed).sample(history, min(len(history), count))
+    return policy_data.encode_rows(kind, scorer.tokenizer, rows, stage.cfg.train.max_seq_len)
 
 
 def rm_train_config(cfg):
@@ -159,15 +179,20 @@ def next_iteration(stage, iteration: int) -> dict:
     if stage.step_prm is not None:
         scorers["prm"] = stage.step_prm
     for kind, scorer in scorers.items():
-        examples = new_examples(stage, kind, scorer.tokenizer, stage.samples_log)
-        examples += replay_examples(stage, kind, scorer.tokenizer, len(examples), stage.cfg.seed + iteration)
+        rows = new_rows(stage, kind, stage.samples_log)
+        examples = policy_data.encode_rows(kind, scorer.tokenizer, rows, stage.cfg.train.max_seq_len)
+        replay = replay_examples(stage, kind, scorer, len(examples), done, stage.cfg.seed + iteration)
+        report[f"{kind}_replay_examples"] = len(replay)
+        examples += replay
         if not examples:
             dist.print0(f"iteration {done}: no {kind} training data from policy samples; {kind} unchanged")
             continue
         report.update(train_reward_model(stage, kind, scorer, examples))
+        every_rank = policy_data.gathered(rows)  # the history a later iteration replays
         if stage.ctx.info.is_main:
             state = {k: v.detach().cpu() for k, v in scorer.model.state_dict().items()}
             save_hf_dir(scorer.model, state, scorer.tokenizer, root / kind)
+            policy_data.save_rows(policy_data.train_data_file(root / kind), [{"row": r} for r in every_rank])
         dist.barrier()
     if stage.ref is not None:
         stage.ref = stage.load_reference(str(root / "policy"))

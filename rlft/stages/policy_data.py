@@ -11,9 +11,15 @@ poorly; here it trains (and is evaluated) on what the policy it will judge actua
    of each step's prefix by the same model; 1 when one reaches the gold answer). With `mc` on the
    built-in task the exact labels are computed too and their agreement reported.
 
-Every rank ends with the same list (gathered in question order).
+Every rank ends with the same list (gathered in question order). Each example keeps its text row
+(`row`: RM {prompt_text, chosen, rejected}, PRM {prompt_text, steps, labels}); the stage writes the
+training rows to <stage>/train_data.jsonl, the history iterative RL replays (docs/algorithms.md §4).
 """
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 import torch
 
@@ -87,8 +93,7 @@ def pair_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
     finally:
         sampler.close()
     pairs = L.outcome_pairs(records, cfg.rollout.samples_per_prompt)
-    examples = gathered([encode_pair(tokenizer, p["prompt_text"], p["chosen"], p["rejected"], cfg.train.max_seq_len)
-                         for p in pairs])
+    examples = gathered(encode_rows("rm", tokenizer, pairs, cfg.train.max_seq_len))
     return examples, summary(split, records)
 
 
@@ -117,8 +122,9 @@ def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
                 agree += sum(x == y for x, y in zip(labels, exact))
                 total += len(steps)
             # the question and the outcome let the held-out evaluation pair a correct with an incorrect sample
+            row = {"prompt_text": r["prompt_text"], "steps": steps, "labels": labels}
             rows.append({**encode_steps(tokenizer, r["prompt_text"], steps, labels, cfg.train.max_seq_len),
-                         "question": r["prompt_text"], "correct": r["correct"]})
+                         "row": row, "question": r["prompt_text"], "correct": r["correct"]})
     finally:
         sampler.close()
     examples = gathered([ex for ex in rows if ex["step_positions"]])
@@ -131,6 +137,46 @@ def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
                                              float(sum(len(ex["step_labels"]) for ex in rows))])
     out[f"{split}_step_label_mean"] = labels_1 / max(steps_n, 1.0)
     return examples, out
+
+
+def encode_rows(kind: str, tokenizer, rows: list[dict], max_len: int) -> list[dict]:
+    """Text rows -> training examples that keep their row: rm {prompt_text, chosen, rejected} pairs, prm
+    {prompt_text, steps, labels} solutions (those whose steps all fall past max_len are dropped)."""
+    if kind == "rm":
+        return [{**encode_pair(tokenizer, r["prompt_text"], r["chosen"], r["rejected"], max_len), "row": r}
+                for r in rows]
+    out = [{**encode_steps(tokenizer, r["prompt_text"], r["steps"], r["labels"], max_len), "row": r}
+           for r in rows if r["steps"]]
+    return [ex for ex in out if ex["step_positions"]]
+
+
+TRAIN_DATA = "train_data.jsonl"
+
+
+def save_rows(path: Path, examples: list[dict]) -> int:
+    """Write the text rows of `examples` (those that have one) as JSON lines, atomically; the count."""
+    rows = [ex["row"] for ex in examples if "row" in ex]
+    if rows:
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+        os.replace(tmp, path)
+    return len(rows)
+
+
+def load_rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_data_file(model_dir: str | Path) -> Path:
+    """Where a reward model's training rows are kept: beside its final/ directory (a stage's output) or
+    as <dir>_train_data.jsonl beside a directory saved by iterative RL."""
+    model_dir = Path(model_dir)
+    if model_dir.name == "final":
+        return model_dir.parent / TRAIN_DATA
+    return model_dir.with_name(model_dir.name + "_" + TRAIN_DATA)
 
 
 def summary(split: str, records: list[dict]) -> dict:

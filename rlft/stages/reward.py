@@ -157,5 +157,7 @@ def run(cfg, ctx: common.StageContext, head: str, examples, count_fn, loss) -> d
     summary = common.supervised_loop(ctx, engine, train, count_fn, loss_fn, evaluate if test else None,
                                      cfg.algo.eval_every)
     summary.update(train_info, **test_info)
+    if ctx.info.is_main:  # policy samples: the rows iterative RL replays (docs/algorithms.md §4)
+        policy_data.save_rows(ctx.run_dir / policy_data.TRAIN_DATA, train)
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary

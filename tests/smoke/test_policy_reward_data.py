@@ -3,6 +3,7 @@
 two reported; an RM that finds no (correct, incorrect) pair says so in one line."""
 from __future__ import annotations
 
+import json
 import shutil
 
 from conftest import REPO, TINY, TINY_MODEL, check_ok, one_line_error, read_manifest, run_cli, stage_dir
@@ -22,6 +23,10 @@ def test_prm_on_policy_samples_with_exact_and_mc_labels(tmp_path):
     summary = read_manifest(stage_dir(tmp_path, "p", "prm"))["summary"]
     assert summary["train_samples"] == 12 and summary["test_samples"] == 6
     assert 0.0 <= summary["train_step_label_mean"] <= 1.0 and "eval_step_acc" in summary
+    # the labelled training solutions are kept for iterative RL's replay, one text row per solution
+    rows = [json.loads(line) for line in (stage_dir(tmp_path, "p", "prm") / "train_data.jsonl").read_text().splitlines()]
+    assert rows and len(rows) <= 12
+    assert all(r["prompt_text"].startswith("Q:") and len(r["steps"]) == len(r["labels"]) for r in rows)
     check_ok(run_cli(tmp_path, "train", "algo=prm", "run.name=p", "run.dir=runs/p/prm_mc", *TINY, *POLICY,
                      "algo.labels=mc", "algo.mc_completions=2", "algo.num_eval_rows=3", timeout=300))
     summary = read_manifest(tmp_path / "runs" / "p" / "prm_mc")["summary"]

@@ -9,6 +9,7 @@ so runs that must move the weights add a user reward with non-zero group std
 """
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -130,8 +131,12 @@ def test_grpo_process_supervision_with_the_exact_step_verifier_and_a_sample_budg
 def test_iterative_grpo_retrains_the_prm_and_resets_the_reference(work):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    train(work, "algo=grpo", "iterative.iterations=2", "reward=prm", "train.max_steps=2", "train.lr=1e-3",
-          "iterative.rm_steps=2", timeout=400)
+    # the PRM stage kept its training rows (as algo.source=policy does): the retraining replays them
+    kept = {"prompt_text": "Q: Ann has 2 cups.\nA:\n", "steps": ["2+1=3", "#### 3"], "labels": [1, 1]}
+    (stage_dir(work, RUN, "prm") / "train_data.jsonl").write_text(json.dumps(kept) + "\n")
+    proc = train(work, "algo=grpo", "iterative.iterations=2", "reward=prm", "train.max_steps=2", "train.lr=1e-3",
+                 "iterative.rm_steps=2", timeout=400)
+    assert "'prm_replay_examples': 1" in proc.stdout + proc.stderr
     recs = check_rl_metrics(work, "grpo", 2, kl=True)
     assert [r["iteration"] for r in recs] == [0, 1]
     assert_finite(r["reward/prm"] for r in recs)
@@ -141,6 +146,8 @@ def test_iterative_grpo_retrains_the_prm_and_resets_the_reference(work):
     assert (it0 / "policy" / "config.json").is_file() and (it0 / "prm" / "config.json").is_file()
     AutoModelForCausalLM.from_pretrained(it0 / "policy")
     AutoModelForTokenClassification.from_pretrained(it0 / "prm")
+    added = [json.loads(x) for x in (it0 / "prm_train_data.jsonl").read_text().splitlines()]  # a later replay's
+    assert added and all(len(r["steps"]) == len(r["labels"]) for r in added)
     prm_before, prm_after = load_safetensors(stage_dir(work, RUN, "prm") / "final"), load_safetensors(it0 / "prm")
     assert changed_tensors(prm_before, prm_after), "the PRM was not retrained"
     policy0 = load_safetensors(it0 / "policy")

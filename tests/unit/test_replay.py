@@ -1,0 +1,67 @@
+"""Iterative RL's replay: the reward model's own earlier training rows, kept as JSON lines."""
+from types import SimpleNamespace
+
+from omegaconf import OmegaConf
+
+from rlft.data.tokenizer import build_char_tokenizer
+from rlft.stages import iterative, policy_data
+
+PAIR = {"prompt_text": "Q: 1+2?\nA:\n", "chosen": "1+2=3\n#### 3", "rejected": "1+2=4\n#### 4"}
+SOLUTION = {"prompt_text": "Q: 5-1?\nA:\n", "steps": ["5-1=4", "#### 4"], "labels": [1, 1]}
+
+
+def fake_stage(tmp_path, ratio=0.1):
+    cfg = OmegaConf.create({"iterative": {"replay_ratio": ratio}, "train": {"max_seq_len": 64}, "seed": 0})
+    return SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(run_dir=tmp_path / "grpo"))
+
+
+def test_rows_encode_as_the_reward_stages_encode_them():
+    tok = build_char_tokenizer()
+    (pair,) = policy_data.encode_rows("rm", tok, [PAIR], 64)
+    assert pair["row"] == PAIR and len(pair["chosen_ids"]) > len(tok(PAIR["prompt_text"])["input_ids"])
+    (sol,) = policy_data.encode_rows("prm", tok, [SOLUTION], 64)
+    assert sol["step_labels"] == [1, 1] and len(sol["step_positions"]) == 2
+    # a solution whose steps all fall past max_len trains nothing and is dropped
+    assert policy_data.encode_rows("prm", tok, [SOLUTION], 8) == []
+
+
+def test_rows_round_trip_through_the_file_and_only_rows_are_kept(tmp_path):
+    path = tmp_path / "train_data.jsonl"
+    assert policy_data.save_rows(path, [{"row": PAIR}, {"chosen_ids": [1]}, {"row": PAIR}]) == 2
+    assert policy_data.load_rows(path) == [PAIR, PAIR]
+    assert policy_data.save_rows(tmp_path / "none.jsonl", [{"chosen_ids": [1]}]) == 0
+    assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_where_a_reward_models_rows_live(tmp_path):
+    assert policy_data.train_data_file(tmp_path / "prm" / "final") == tmp_path / "prm" / "train_data.jsonl"
+    it = tmp_path / "grpo" / "iterations" / "iter-0"
+    assert policy_data.train_data_file(it / "prm") == it / "prm_train_data.jsonl"
+
+
+def test_replay_draws_from_the_stage_rows_and_earlier_iterations(tmp_path):
+    tok = build_char_tokenizer()
+    stage = fake_stage(tmp_path)
+    (tmp_path / "rm").mkdir()
+    stage_rows = [{**PAIR, "chosen": f"1+2=3\n#### 3{' ' * i}"} for i in range(30)]
+    policy_data.save_rows(tmp_path / "rm" / "train_data.jsonl", [{"row": r} for r in stage_rows])
+    added = [{**PAIR, "prompt_text": f"Q: {i}+2?\nA:\n"} for i in range(10)]
+    it0 = stage.ctx.run_dir / "iterations" / "iter-0"
+    it0.mkdir(parents=True)
+    policy_data.save_rows(it0 / "rm_train_data.jsonl", [{"row": r} for r in added])
+    scorer = SimpleNamespace(path=str(tmp_path / "rm" / "final"), tokenizer=tok)
+
+    assert iterative.history_rows(stage, "rm", scorer, 0) == stage_rows
+    assert iterative.history_rows(stage, "rm", scorer, 1) == stage_rows + added
+    # 90 new examples -> 10 replayed (10% of the mix), drawn from the history, encoded
+    replay = iterative.replay_examples(stage, "rm", scorer, 90, 1, seed=3)
+    assert len(replay) == 10
+    assert all(ex["row"] in stage_rows + added for ex in replay)
+    assert replay == iterative.replay_examples(stage, "rm", scorer, 90, 1, seed=3)  # seeded
+    assert iterative.replay_examples(stage, "rm", scorer, 0, 1, seed=3) == []
+    assert iterative.replay_examples(fake_stage(tmp_path, ratio=0.0), "rm", scorer, 90, 1, seed=3) == []
+
+
+def test_a_reward_model_without_kept_rows_has_no_history(tmp_path):
+    scorer = SimpleNamespace(path=str(tmp_path / "rm" / "final"), tokenizer=None)
+    assert iterative.history_rows(fake_stage(tmp_path), "rm", scorer, 1) is None
