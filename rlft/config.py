@@ -499,6 +499,9 @@ class RLConfig(AlgoConfig):
     """Group advantages: added to the group std."""
     rft_threshold: float = 0.5
     """rft advantage: a completion counts as correct when its reward exceeds this."""
+    outcome_weight: float = 0.0
+    """grpo_process: weight of the outcome reward's GRPO advantage added to every token of a completion
+    (0: process supervision alone, as DeepSeekMath; > 0: process and outcome supervision together)."""
     updates_per_rollout: int = 1
     """mu: passes over each rollout batch (GRPO Algorithm 1)."""
     minibatches_per_rollout: int = 1
@@ -848,7 +851,7 @@ def validate_rollout(r) -> None:
 
 # algo.* options that a pairwise update does not read (it reads the pairwise loss instead)
 NOT_READ_BY_PAIRWISE = ("advantage", "policy_loss", "loss_agg", "clip_eps_high", "dual_clip_c", "kl_estimator",
-                        "kl_in", "scale_by_std", "std_unbiased", "eps_adv", "rft_threshold")
+                        "kl_in", "scale_by_std", "std_unbiased", "eps_adv", "rft_threshold", "outcome_weight")
 
 
 def _set_options(section, schema: type, names=None) -> list[str]:
@@ -898,6 +901,9 @@ def check_unused_options(cfg) -> None:
             and cfg.data.source != "builtin:arith":
         raise ConfigError("algo.labels=exact checks steps against the built-in task's worked solutions; with "
                           "other data use algo.labels=mc")
+    if rl and getattr(cfg.algo, "outcome_weight", 0.0) and cfg.algo.advantage != "grpo_process":
+        unused.append(("algo", [f"outcome_weight={cfg.algo.outcome_weight}"],
+                       "only process supervision (algo.advantage=grpo_process) adds the outcome advantage"))
     if cfg.reward.process != "prm":
         from rlft.algos import ADVANTAGES
 

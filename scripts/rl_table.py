@@ -48,6 +48,8 @@ def rows(budget: int) -> dict[str, list[str]]:
         "grpo_process_exact": ["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact"],
         # the PRM's preset at beta 2: a learned PRM is exploited at the preset's 0.04 (docs/results.md)
         "grpo_process_kl2": ["algo=grpo", "algo.advantage=grpo_process", "algo.kl_coef=2.0"],
+        # process and outcome supervision together: the verified answer anchors the PRM's step scores
+        "grpo_process_outcome": ["algo=grpo", "algo.advantage=grpo_process", "algo.outcome_weight=1.0"],
         "grpo_iterative": ["algo=grpo", "algo.advantage=grpo_process", "iterative.iterations=2"],
         "online_rft": ["algo=online_rft"],
         "rft": ["algo=rft", f"algo.num_prompts={budget // 8}", "rollout.samples_per_prompt=8"],

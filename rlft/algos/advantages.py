@@ -15,7 +15,8 @@ Responses are laid out contiguously, `group_size` (G) per prompt: rows
 
     grpo                   (r - mean_g r) / (std_g r + eps_adv), broadcast over tokens (§4)
     dr_grpo                r - mean_g r  (grpo without std scaling, §6)
-    grpo_process           pooled step-reward normalisation, A_t = sum of steps ending at or after t (§4)
+    grpo_process           pooled step-reward normalisation, A_t = sum of steps ending at or after t
+                           (+ outcome_weight x the grpo advantage) (§4)
     rloo                   R = score - beta * sum_t k1;  A_i = R_i - mean_{j != i} R_j (§8)
     reinforce_pp           returns-to-go of r_t = 1[t=T] score - beta k1_t, global whitening (§8)
     reinforce_pp_baseline  as reinforce_pp after subtracting the group-mean score (§8)
@@ -72,6 +73,7 @@ class AdvantageConfig:
     whiten_unbiased: bool = True  # gae: unbiased variance for whitening
     whiten_rewards: bool = False  # gae: whiten token rewards with shift_mean=False
     rft_threshold: float = 0.0  # rft: a response is correct when score > threshold
+    outcome_weight: float = 0.0  # grpo_process: weight of the outcome (grpo) advantage added to every token
     reduce: Reduce | None = None  # whitening statistics over every rank's rollout (None: this batch)
 
 
@@ -202,7 +204,9 @@ def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutpu
     All step rewards of a group are pooled and normalised,
     r~ = (r - mean(R)) / (std(R) + eps_adv); token t of response i gets
     A_t = sum of r~ over its steps whose end column is >= t. Tokens after the
-    last step end get 0. `batch.scores` is not used.
+    last step end get 0. With cfg.outcome_weight = w > 0, w times the outcome
+    GRPO advantage of `batch.scores` is added to every token (process and outcome
+    supervision together, as PRIME does); w = 0 (default) leaves `batch.scores` unused.
     """
     if batch.step_ends is None or batch.step_scores is None:
         raise ValueError("grpo_process needs step_ends and step_scores for every response")
@@ -230,7 +234,10 @@ def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutpu
                     raise ValueError(f"response {i}: step end column {end} outside [0, {T})")
                 norm = 0.0 if flat else float((s - mean) / (std + cfg.eps_adv))
                 adv[i, : end + 1] += norm
-    return AdvantageOutput(zero_masked(adv, batch.mask), None)
+    adv = zero_masked(adv, batch.mask)
+    if cfg.outcome_weight:
+        adv = adv + cfg.outcome_weight * grpo(batch, cfg).adv.to(dtype)
+    return AdvantageOutput(adv, None)
 
 
 @ADVANTAGES.register("rloo", needs=("groups", "kl_reward"))

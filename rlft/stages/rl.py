@@ -47,7 +47,7 @@ def advantage_config(a, critic, kl_coef: float) -> AdvantageConfig:
     """Estimator options (GAE's from the `critic` section); the KL goes into the reward only when
     algo.kl_in=reward (PPO)."""
     return AdvantageConfig(eps_adv=a.eps_adv, std_unbiased=a.std_unbiased, scale_by_std=a.scale_by_std,
-                           rft_threshold=a.rft_threshold, kl_coef=kl_coef if a.kl_in == "reward" else 0.0,
+                           rft_threshold=a.rft_threshold, outcome_weight=a.outcome_weight, kl_coef=kl_coef if a.kl_in == "reward" else 0.0,
                            kl_estimator=a.kl_estimator, gamma=critic.gamma, lam=critic.lam,
                            whiten_advantages=critic.whiten_advantages, reduce=dist.sum_over_ranks)
 

@@ -119,6 +119,22 @@ def test_process_tokens_after_last_step_end_get_zero():
     torch.testing.assert_close(adv, t([[0.70710678, 0.70710678, 0, 0], [-0.70710678, 0, 0, 0]]), **TOL)
 
 
+def test_process_supervision_with_the_outcome_adds_the_outcome_advantage_to_every_token():
+    # the steps of the test above; outcome scores [1, 0] in a group of 2: grpo advantage +-0.70710678
+    mask = full_mask(2, 4)
+    mask[1, 3] = False  # a shorter second response: its padding stays 0
+    batch = AdvantageInputs(scores=t([1.0, 0.0]), mask=mask, group_size=2,
+                            step_ends=[[1], [0]], step_scores=[[1.0], [0.0]])
+    process = ADVANTAGES.get("grpo_process")(batch, AdvantageConfig(eps_adv=0.0)).adv
+    both = ADVANTAGES.get("grpo_process")(batch, AdvantageConfig(eps_adv=0.0, outcome_weight=0.5)).adv
+    h = 0.5 * 0.70710678
+    torch.testing.assert_close(both - process, t([[h, h, h, h], [-h, -h, -h, 0]]), **TOL)
+    # equal outcomes carry no outcome signal: the process advantage alone
+    batch.scores = t([1.0, 1.0])
+    torch.testing.assert_close(ADVANTAGES.get("grpo_process")(batch, AdvantageConfig(eps_adv=0.0, outcome_weight=1.0)).adv,
+                               process, **TOL)
+
+
 def test_process_supervision_checks_step_lists():
     batch = AdvantageInputs(scores=t([0.0, 0.0]), mask=full_mask(2, 2), group_size=2,
                             step_ends=[[5], [0]], step_scores=[[1.0], [0.0]])

@@ -210,6 +210,11 @@ def test_a_sample_budget_sets_the_steps_of_every_loop():
     _one_line_error(["train.max_samples=-1"], "train.max_samples=-1")
 
 
+def test_the_outcome_weight_needs_process_supervision():
+    rc.validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "algo.outcome_weight=0.5"]))
+    _one_line_error(["algo=grpo", "algo.outcome_weight=0.5"], "algo.outcome_weight=0.5", "grpo_process")
+
+
 def test_the_exact_step_scorer_needs_process_supervision_and_the_builtin_task():
     rc.validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact"]))
     _one_line_error(["algo=grpo", "reward.process=exact"], "reward.process=exact", "grpo_process")
