@@ -558,10 +558,14 @@ class IterativeConfig:
     """Reward-model optimizer steps after each iteration."""
     rm_lr: float = 2.0e-4
     """Reward-model learning rate."""
+    step_labels: StepLabels = StepLabels.mc
+    """PRM: how each step of the new samples is labelled: mc (Math-Shepherd: a step is good when one of
+    label_completions continuations of its prefix, sampled from the current policy, reaches the gold answer;
+    any question/answer data) | exact (built-in task: each step checked against the worked solution)."""
     label_completions: int = 4
-    """PRM: continuations sampled per step prefix for the Math-Shepherd step labels."""
+    """PRM, step_labels=mc: continuations sampled per step prefix."""
     label_budget: int = 64
-    """PRM: incorrect completions labelled step by step per iteration and rank."""
+    """PRM: incorrect completions labelled step by step per iteration and rank (and as many correct ones)."""
 
 
 @dataclass
@@ -885,7 +889,8 @@ def check_unused_options(cfg) -> None:
                    f"{why} with algo.pairwise_loss={loss} does not read it"))
     if not rl or cfg.iterative.iterations == 1:
         unused.append(("iterative", _set_options(cfg.iterative, IterativeConfig, ["replay_ratio", "rm_steps", "rm_lr",
-                                                                                 "label_completions", "label_budget"]),
+                                                                                 "step_labels", "label_completions",
+                                                                                 "label_budget"]),
                        "it applies only with iterative.iterations > 1 in an RL run"))
     if loss:
         unused.append(("algo", _set_options(cfg.algo, RLConfig, NOT_READ_BY_PAIRWISE),
@@ -901,6 +906,12 @@ def check_unused_options(cfg) -> None:
             and cfg.data.source != "builtin:arith":
         raise ConfigError("algo.labels=exact checks steps against the built-in task's worked solutions; with "
                           "other data use algo.labels=mc")
+    if rl and cfg.iterative.iterations > 1 and cfg.iterative.step_labels == "exact":
+        if cfg.data.source != "builtin:arith":
+            raise ConfigError("iterative.step_labels=exact checks steps against the built-in task's worked "
+                              "solutions; with other data use iterative.step_labels=mc")
+        unused.append(("iterative", _set_options(cfg.iterative, IterativeConfig, ["label_completions"]),
+                       "it applies only with iterative.step_labels=mc"))
     if rl and getattr(cfg.algo, "outcome_weight", 0.0) and cfg.algo.advantage != "grpo_process":
         unused.append(("algo", [f"outcome_weight={cfg.algo.outcome_weight}"],
                        "only process supervision (algo.advantage=grpo_process) adds the outcome advantage"))

@@ -33,6 +33,11 @@ def _same_step(line: str, gold: str) -> bool:
     return "".join(line.split()) == "".join(gold.split())
 
 
+def worked_steps(response: str) -> list[str]:
+    """The reasoning lines of a built-in task's worked solution (its answer line `#### n` left out)."""
+    return [line for line in str(response).split("\n") if line.strip() and not line.lstrip().startswith("####")]
+
+
 def exact_step_labels(steps: list[str], gold_steps: list[str], gold: str) -> list[int]:
     """Hard labels checked against the worked solution: reasoning line j is 1 while lines 0..j all equal
     the gold lines (from a wrong intermediate value no continuation reaches the gold answer on this

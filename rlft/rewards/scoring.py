@@ -122,15 +122,14 @@ class ExactSteps:
 
     def steps(self, prompt_texts: list[str], completions: list[str],
               rows: list[dict]) -> tuple[list[list[float]], list[list[int]]]:
-        from rlft.data.labels import exact_step_labels
+        from rlft.data.labels import exact_step_labels, worked_steps
         from rlft.rewards.verifiers import gold_answer
 
         scores, char_ends = [], []
         for completion, row in zip(completions, rows):
             steps, ends = split_steps(completion)
-            worked = [line for line in str(row["response"]).split("\n") if line.strip()
-                      and not line.lstrip().startswith("####")]
-            scores.append([float(x) for x in exact_step_labels(steps, worked, gold_answer(str(row["answer"])))])
+            labels = exact_step_labels(steps, worked_steps(row["response"]), gold_answer(str(row["answer"])))
+            scores.append([float(x) for x in labels])
             char_ends.append(ends)
         return scores, char_ends
 

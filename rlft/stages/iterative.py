@@ -11,9 +11,11 @@ At the end of iteration k (before iteration k+1 starts):
      they were policy samples; otherwise the data's own pairs / step labels) and every earlier
      iteration's added rows;
        RM  pairs: (correct, incorrect) completions of the same prompt;
-       PRM step labels, Math-Shepherd hard estimate (§2.2): every step of a correct completion
-           is 1; a step of an incorrect one is 1 when any of `iterative.label_completions` continuations of
-           its prefix, sampled from the current policy, reaches the gold answer;
+       PRM step labels (`iterative.step_labels`), for `iterative.label_budget` incorrect and as many
+           correct completions: mc, the Math-Shepherd hard estimate (§2.2): every step of a correct
+           completion is 1; a step of an incorrect one is 1 when any of `iterative.label_completions`
+           continuations of its prefix, sampled from the current policy, reaches the gold answer;
+           exact (built-in task): each step checked against the worked solution;
   3. the reference model is reloaded from iterations/iter-k/policy.
 
 A run resumed inside iteration k >= 1 reloads the reward models and the reference from
@@ -44,13 +46,17 @@ def sample_records(ro) -> list[dict]:
     for row, text, prompt_text in zip(ro.rows, ro.completions, ro.prompt_texts):
         gold = gold_answer(str(row.get("answer", "")))
         out.append({"prompt": row["prompt"], "prompt_text": prompt_text, "completion": text, "gold": gold,
-                    "correct": answers_match(extract_answer(text), gold)})
+                    "correct": answers_match(extract_answer(text), gold),
+                    "worked": L.worked_steps(row["response"]) if "response" in row else None})
     return out
 
 
 def hard_step_labels(stage, record: dict) -> list[int]:
-    """Math-Shepherd hard estimate for each step of one completion, with the current policy."""
+    """Hard label of each step of one completion: checked against the worked solution
+    (`iterative.step_labels=exact`) or the Math-Shepherd estimate with the current policy (mc)."""
     steps, _ = split_steps(record["completion"])
+    if stage.cfg.iterative.step_labels == "exact":
+        return L.exact_step_labels(steps, record["worked"], record["gold"])
     if record["correct"]:
         return [1] * len(steps)
     prefixes = L.step_prefixes(steps)
@@ -65,7 +71,7 @@ def hard_step_labels(stage, record: dict) -> list[int]:
 
 def new_rows(stage, kind: str, records: list[dict]) -> list[dict]:
     """The reward model's text rows from one iteration's samples: RM (correct, incorrect) pairs of one
-    prompt; PRM solutions with Math-Shepherd step labels (as many correct as incorrect ones)."""
+    prompt; PRM solutions with hard step labels (as many correct as incorrect ones)."""
     if kind == "rm":
         return L.outcome_pairs(records, stage.cfg.rollout.samples_per_prompt)
     correct = [r for r in records if r["correct"]]

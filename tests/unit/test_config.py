@@ -147,6 +147,9 @@ def test_options_the_run_never_reads_are_refused():
     _one_line_error(["algo=p3o", "algo.advantage=rloo"], "algo.advantage=rloo", "pairwise update")
     _one_line_error(["algo=grpo", "iterative.rm_steps=3"], "iterative.rm_steps=3", "iterations > 1")
     _one_line_error(["algo=sft", "critic.gamma=0.9"], "critic.gamma=0.9")
+    _one_line_error(["algo=grpo", "iterative.iterations=2", "iterative.step_labels=exact",
+                     "iterative.label_completions=8", "train.max_steps=20"], "iterative.label_completions=8",
+                    "step_labels=mc")
     rc.validate(_compose(["algo=grpo", "iterative.iterations=2", "iterative.rm_steps=3", "train.max_steps=20"]))
     rc.validate(_compose(["algo=p3o", "algo.pairwise_loss=p3o_separate", "pairwise.kl_at=current"]))
     rc.validate(_compose(["algo=grpo", "algo.advantage=gae", "rollout.samples_per_prompt=2", "critic.lr=1e-3"]))
@@ -220,3 +223,11 @@ def test_the_exact_step_scorer_needs_process_supervision_and_the_builtin_task():
     _one_line_error(["algo=grpo", "reward.process=exact"], "reward.process=exact", "grpo_process")
     _one_line_error(["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact", "data=jsonl",
                      "data.source=/some/file.jsonl"], "reward.process=exact", "reward.process=prm")
+
+
+def test_exact_iteration_labels_need_the_builtin_task():
+    iterative = ["algo=grpo", "iterative.iterations=2", "train.max_steps=20", "iterative.step_labels=exact"]
+    rc.validate(_compose(iterative))
+    _one_line_error([*iterative, "data=jsonl", "data.source=/some/file.jsonl"], "iterative.step_labels=exact",
+                    "iterative.step_labels=mc")
+    _one_line_error(["algo=grpo", "iterative.step_labels=exact"], "iterative.step_labels=exact", "iterations > 1")

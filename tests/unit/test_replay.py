@@ -65,3 +65,18 @@ def test_replay_draws_from_the_stage_rows_and_earlier_iterations(tmp_path):
 def test_a_reward_model_without_kept_rows_has_no_history(tmp_path):
     scorer = SimpleNamespace(path=str(tmp_path / "rm" / "final"), tokenizer=None)
     assert iterative.history_rows(fake_stage(tmp_path), "rm", scorer, 1) is None
+
+
+def test_iteration_rows_with_exact_step_labels_need_no_continuations():
+    """iterative.step_labels=exact: each step checked against the worked solution; as many correct as
+    incorrect completions, at most label_budget incorrect ones; nothing is sampled."""
+    cfg = OmegaConf.create({"iterative": {"step_labels": "exact", "label_budget": 2}})
+    stage = SimpleNamespace(cfg=cfg, generate=None)  # generate=None: sampling continuations would fail
+    worked = ["5-1=4", "4*2=8"]
+    rec = {"prompt_text": "Q: ?\nA:\n", "gold": "8", "worked": worked}
+    right = {**rec, "completion": "5-1=4\n4*2=8\n#### 8", "correct": True}
+    slip = {**rec, "completion": "5-1=3\n3*2=6\n#### 6", "correct": False}
+    late = {**rec, "completion": "5-1=4\n4*2=9\n#### 9", "correct": False}
+    rows = iterative.new_rows(stage, "prm", [slip, right, late, slip, right, right, right])
+    assert [r["labels"] for r in rows] == [[1, 1, 1], [1, 1, 1], [0, 0, 0], [1, 0, 0]]
+    assert rows[0]["steps"] == ["5-1=4", "4*2=8", "#### 8"]
