@@ -558,6 +558,9 @@ class IterativeConfig:
     """Reward-model optimizer steps after each iteration."""
     rm_lr: float = 2.0e-4
     """Reward-model learning rate."""
+    reset_reference: bool = True
+    """After each iteration the KL reference becomes the current policy (DeepSeekMath's Algorithm 1);
+    false keeps the starting model as the reference throughout."""
     step_labels: StepLabels = StepLabels.mc
     """PRM: how each step of the new samples is labelled: mc (Math-Shepherd: a step is good when one of
     label_completions continuations of its prefix, sampled from the current policy, reaches the gold answer;
@@ -889,7 +892,7 @@ def check_unused_options(cfg) -> None:
                    f"{why} with algo.pairwise_loss={loss} does not read it"))
     if not rl or cfg.iterative.iterations == 1:
         unused.append(("iterative", _set_options(cfg.iterative, IterativeConfig, ["replay_ratio", "rm_steps", "rm_lr",
-                                                                                 "step_labels", "label_completions",
+                                                                                 "reset_reference", "step_labels", "label_completions",
                                                                                  "label_budget"]),
                        "it applies only with iterative.iterations > 1 in an RL run"))
     if loss:

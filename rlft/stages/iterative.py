@@ -16,9 +16,10 @@ At the end of iteration k (before iteration k+1 starts):
            completion is 1; a step of an incorrect one is 1 when any of `iterative.label_completions`
            continuations of its prefix, sampled from the current policy, reaches the gold answer;
            exact (built-in task): each step checked against the worked solution;
-  3. the reference model is reloaded from iterations/iter-k/policy.
+  3. the reference model is reloaded from iterations/iter-k/policy (`iterative.reset_reference`,
+     default; false keeps the starting model as the reference).
 
-A run resumed inside iteration k >= 1 reloads the reward models and the reference from
+A run resumed inside iteration k >= 1 reloads the reward models and (when it resets) the reference from
 iterations/iter-(k-1)/ (`restore`), and the checkpoint carries iteration k's samples so far, so
 the retraining at the end of iteration k sees the same data as without the interruption.
 """
@@ -170,7 +171,7 @@ def restore(stage, iteration: int, samples_log: list[dict]) -> None:
     for kind, scorer in scorers.items():
         if (root / kind).is_dir():  # absent when that iteration had no data for it (unchanged)
             scorer.use(load_model(stage.cfg.model, str(root / kind), scorer.tokenizer, head=kind))
-    if stage.ref is not None:
+    if stage.ref is not None and stage.cfg.iterative.reset_reference:
         stage.ref = stage.load_reference(str(root / "policy"))
     dist.print0(f"[rlft] resumed in iteration {iteration}: reward models and reference from {root}")
 
@@ -200,8 +201,9 @@ def next_iteration(stage, iteration: int) -> dict:
             save_hf_dir(scorer.model, state, scorer.tokenizer, root / kind)
             policy_data.save_rows(policy_data.train_data_file(root / kind), [{"row": r} for r in every_rank])
         dist.barrier()
-    if stage.ref is not None:
+    if stage.ref is not None and stage.cfg.iterative.reset_reference:
         stage.ref = stage.load_reference(str(root / "policy"))
+        report["reference"] = str(root / "policy")
     stage.samples_log = []
-    dist.print0(f"[rlft] iteration {done} done: {report}; reference <- {root / 'policy'}")
+    dist.print0(f"[rlft] iteration {done} done: {report}")
     return report

@@ -80,3 +80,23 @@ def test_iteration_rows_with_exact_step_labels_need_no_continuations():
     rows = iterative.new_rows(stage, "prm", [slip, right, late, slip, right, right, right])
     assert [r["labels"] for r in rows] == [[1, 1, 1], [1, 1, 1], [0, 0, 0], [1, 0, 0]]
     assert rows[0]["steps"] == ["5-1=4", "4*2=8", "#### 8"]
+
+
+def reference_after_an_iteration(tmp_path, reset: bool):
+    loaded = []
+    stage = SimpleNamespace(
+        cfg=OmegaConf.create({"iterative": {"reset_reference": reset}}), ctx=SimpleNamespace(run_dir=tmp_path),
+        policy=SimpleNamespace(export_hf=lambda path, tok: None), tokenizer=None,
+        rewards=SimpleNamespace(models={}), step_prm=None, ref="sft", samples_log=[{"completion": "x"}],
+        load_reference=lambda path: loaded.append(path) or f"policy at {path}")
+    report = iterative.next_iteration(stage, 1)
+    assert stage.samples_log == []
+    return stage.ref, loaded, report
+
+
+def test_the_reference_resets_to_the_policy_unless_told_to_stay(tmp_path):
+    ref, loaded, report = reference_after_an_iteration(tmp_path, reset=True)
+    policy = str(tmp_path / "iterations" / "iter-0" / "policy")
+    assert ref == f"policy at {policy}" and loaded == [policy] and report["reference"] == policy
+    ref, loaded, report = reference_after_an_iteration(tmp_path, reset=False)
+    assert ref == "sft" and loaded == [] and "reference" not in report
