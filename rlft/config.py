@@ -463,8 +463,9 @@ class RLConfig(AlgoConfig):
     kind: str = "rl"
     init_from: str = "stage:sft"
     advantage: str = "grpo"
-    """Advantage estimator (`rlft list keys` shows the registered names): grpo | dr_grpo | grpo_process | rloo |
-    reinforce_pp | reinforce_pp_baseline | rft | gae (gae trains a critic, see `critic.*`)."""
+    """Advantage estimator (`rlft list keys` shows the registered names): grpo | dr_grpo | grpo_process |
+    grpo_process_min | rloo | reinforce_pp | reinforce_pp_baseline | rft | gae (gae trains a critic, see
+    `critic.*`)."""
     policy_loss: str = "ppo_clip"
     """Per-token policy loss: ppo_clip | gspo | reinforce."""
     pairwise_loss: Optional[str] = None
@@ -500,7 +501,7 @@ class RLConfig(AlgoConfig):
     rft_threshold: float = 0.5
     """rft advantage: a completion counts as correct when its reward exceeds this."""
     outcome_weight: float = 0.0
-    """grpo_process: weight of the outcome reward's GRPO advantage added to every token of a completion
+    """grpo_process(_min): weight of the outcome reward's GRPO advantage added to every token of a completion
     (0: process supervision alone, as DeepSeekMath; > 0: process and outcome supervision together)."""
     updates_per_rollout: int = 1
     """mu: passes over each rollout batch (GRPO Algorithm 1)."""
@@ -915,15 +916,18 @@ def check_unused_options(cfg) -> None:
                               "solutions; with other data use iterative.step_labels=mc")
         unused.append(("iterative", _set_options(cfg.iterative, IterativeConfig, ["label_completions"]),
                        "it applies only with iterative.step_labels=mc"))
-    if rl and getattr(cfg.algo, "outcome_weight", 0.0) and cfg.algo.advantage != "grpo_process":
-        unused.append(("algo", [f"outcome_weight={cfg.algo.outcome_weight}"],
-                       "only process supervision (algo.advantage=grpo_process) adds the outcome advantage"))
-    if cfg.reward.process != "prm":
-        from rlft.algos import ADVANTAGES
+    from rlft.algos import ADVANTAGES
 
-        if not (rl and ADVANTAGES.needs(cfg.algo.advantage, "step_scores")):
+    process = rl and ADVANTAGES.needs(cfg.algo.advantage, "step_scores")
+    if rl and getattr(cfg.algo, "outcome_weight", 0.0) and not process:
+        unused.append(("algo", [f"outcome_weight={cfg.algo.outcome_weight}"],
+                       "only process supervision (algo.advantage=grpo_process|grpo_process_min) adds the "
+                       "outcome advantage"))
+    if cfg.reward.process != "prm":
+        if not process:
             unused.append(("reward", [f"process={cfg.reward.process}"],
-                           "only process supervision (algo.advantage=grpo_process) reads step scores"))
+                           "only process supervision (algo.advantage=grpo_process|grpo_process_min) reads "
+                           "step scores"))
         elif cfg.data.source != "builtin:arith":
             raise ConfigError("reward.process=exact checks steps against the built-in task's worked solutions; "
                               "with other data use a PRM (reward.process=prm)")

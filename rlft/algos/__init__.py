@@ -28,6 +28,7 @@ from rlft.algos.advantages import (
     frac_zero_std_groups,
     group_normalize,
     group_stats,
+    suffix_min,
     leave_one_out,
 )
 from rlft.algos.aggregate import AGGREGATIONS, AggDenominator, agg_denominator, aggregate
@@ -87,6 +88,7 @@ __all__ = [
     "gae",
     "group_normalize",
     "group_stats",
+    "suffix_min",
     "importance_ratio",
     "kl_shaped_rewards",
     "leave_one_out",

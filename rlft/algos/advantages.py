@@ -17,6 +17,8 @@ Responses are laid out contiguously, `group_size` (G) per prompt: rows
     dr_grpo                r - mean_g r  (grpo without std scaling, §6)
     grpo_process           pooled step-reward normalisation, A_t = sum of steps ending at or after t
                            (+ outcome_weight x the grpo advantage) (§4)
+    grpo_process_min       min-form credit: V_j = min of step rewards from j on, pooled and
+                           normalised, the tokens of step j get V~_j (+ outcome_weight) (§4)
     rloo                   R = score - beta * sum_t k1;  A_i = R_i - mean_{j != i} R_j (§8)
     reinforce_pp           returns-to-go of r_t = 1[t=T] score - beta k1_t, global whitening (§8)
     reinforce_pp_baseline  as reinforce_pp after subtracting the group-mean score (§8)
@@ -197,9 +199,75 @@ def dr_grpo(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     return AdvantageOutput(_broadcast(a, batch.mask), None)
 
 
+def _checked_steps(batch: AdvantageInputs, i: int, T: int) -> tuple[Sequence[int], Sequence[float]]:
+    """Response i's step end columns and step scores, validated."""
+    ends, scores = batch.step_ends[i], batch.step_scores[i]
+    if len(ends) != len(scores):
+        raise ValueError(f"response {i}: {len(ends)} step ends but {len(scores)} step scores")
+    for end in ends:
+        if not 0 <= end < T:
+            raise ValueError(f"response {i}: step end column {end} outside [0, {T})")
+    return ends, scores
+
+
+def _process_advantage(batch: AdvantageInputs, cfg: AdvantageConfig, what: str, step_values, credit) -> AdvantageOutput:
+    """The shared frame of process supervision: per response, `step_values(scores)` gives one value per
+    step; a group's values are pooled and normalised, v~ = (v - mean) / (std + eps_adv); `credit(adv_row,
+    ends, normalised)` writes them onto the response's tokens. Masked tokens get 0; with
+    cfg.outcome_weight = w > 0, w times the outcome GRPO advantage of `batch.scores` is added."""
+    if batch.step_ends is None or batch.step_scores is None:
+        raise ValueError(f"{what} needs step_ends and step_scores for every response")
+    B, T = batch.mask.shape
+    n_groups = check_group_size(B, batch.group_size)
+    if len(batch.step_ends) != B or len(batch.step_scores) != B:
+        raise ValueError(f"{what} needs step_ends/step_scores for all {B} responses")
+    dtype = _float_dtype(batch.scores)
+    adv = torch.zeros(B, T, dtype=dtype, device=batch.mask.device)
+    G = batch.group_size
+    for k in range(n_groups):
+        rows = range(k * G, (k + 1) * G)
+        steps = [_checked_steps(batch, i, T) for i in rows]
+        values = [step_values([float(x) for x in scores]) for _, scores in steps]
+        pooled = torch.tensor([v for vs in values for v in vs], dtype=dtype)
+        if pooled.numel() == 0:
+            continue
+        mean = pooled.mean()
+        std = pooled.std(correction=1 if cfg.std_unbiased else 0) if pooled.numel() > 1 else pooled.new_zeros(())
+        flat = bool(pooled.max() == pooled.min())
+        for i, (ends, _), vs in zip(rows, steps, values):
+            credit(adv[i], ends, [0.0 if flat else float((v - mean) / (std + cfg.eps_adv)) for v in vs])
+    adv = zero_masked(adv, batch.mask)
+    if cfg.outcome_weight:
+        adv = adv + cfg.outcome_weight * grpo(batch, cfg).adv.to(dtype)
+    return AdvantageOutput(adv, None)
+
+
+def _sum_credit(row: Tensor, ends: Sequence[int], normalised: Sequence[float]) -> None:
+    """Token t gets the sum of the normalised values of the steps ending at or after t."""
+    for end, v in zip(ends, normalised):
+        row[: end + 1] += v
+
+
+def _segment_credit(row: Tensor, ends: Sequence[int], normalised: Sequence[float]) -> None:
+    """The tokens of step j (after step j-1's end, through step j's end) get step j's normalised value."""
+    start = 0
+    for end, v in zip(ends, normalised):
+        row[start: end + 1] = v
+        start = max(start, end + 1)
+
+
+def suffix_min(values: Sequence[float]) -> list[float]:
+    """[min(values[j:]) for each j]: the min-form return of every step."""
+    out, low = [], float("inf")
+    for v in reversed(values):
+        low = min(low, v)
+        out.append(low)
+    return out[::-1]
+
+
 @ADVANTAGES.register("grpo_process", needs=("groups", "step_scores"))
 def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
-    """GRPO process supervision (§4.1.3).
+    """GRPO process supervision (§4.1.3), sum-form credit.
 
     All step rewards of a group are pooled and normalised,
     r~ = (r - mean(R)) / (std(R) + eps_adv); token t of response i gets
@@ -208,36 +276,20 @@ def grpo_process(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutpu
     GRPO advantage of `batch.scores` is added to every token (process and outcome
     supervision together, as PRIME does); w = 0 (default) leaves `batch.scores` unused.
     """
-    if batch.step_ends is None or batch.step_scores is None:
-        raise ValueError("grpo_process needs step_ends and step_scores for every response")
-    B, T = batch.mask.shape
-    n_groups = check_group_size(B, batch.group_size)
-    if len(batch.step_ends) != B or len(batch.step_scores) != B:
-        raise ValueError(f"grpo_process needs step_ends/step_scores for all {B} responses")
-    dtype = _float_dtype(batch.scores)
-    adv = torch.zeros(B, T, dtype=dtype, device=batch.mask.device)
-    G = batch.group_size
-    for k in range(n_groups):
-        rows = range(k * G, (k + 1) * G)
-        pooled = torch.tensor([float(s) for i in rows for s in batch.step_scores[i]], dtype=dtype)
-        if pooled.numel() == 0:
-            continue
-        mean = pooled.mean()
-        std = pooled.std(correction=1 if cfg.std_unbiased else 0) if pooled.numel() > 1 else pooled.new_zeros(())
-        flat = bool(pooled.max() == pooled.min())
-        for i in rows:
-            ends, scores = batch.step_ends[i], batch.step_scores[i]
-            if len(ends) != len(scores):
-                raise ValueError(f"response {i}: {len(ends)} step ends but {len(scores)} step scores")
-            for end, s in zip(ends, scores):
-                if not 0 <= end < T:
-                    raise ValueError(f"response {i}: step end column {end} outside [0, {T})")
-                norm = 0.0 if flat else float((s - mean) / (std + cfg.eps_adv))
-                adv[i, : end + 1] += norm
-    adv = zero_masked(adv, batch.mask)
-    if cfg.outcome_weight:
-        adv = adv + cfg.outcome_weight * grpo(batch, cfg).adv.to(dtype)
-    return AdvantageOutput(adv, None)
+    return _process_advantage(batch, cfg, "grpo_process", list, _sum_credit)
+
+
+@ADVANTAGES.register("grpo_process_min", needs=("groups", "step_scores"))
+def grpo_process_min(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """GRPO process supervision with min-form credit (PURE, Cheng et al. 2025).
+
+    The return of step j is the lowest step reward from j on, V_j = min_{k >= j} r_k, so one
+    over-scored step cannot raise the credit of a solution whose later steps the PRM rejects.
+    All V of a group are pooled and normalised, V~ = (V - mean) / (std + eps_adv); the tokens of
+    step j (after step j-1's end, through step j's end) get V~_j. Tokens after the last step end
+    get 0. cfg.outcome_weight adds the outcome GRPO advantage as in grpo_process.
+    """
+    return _process_advantage(batch, cfg, "grpo_process_min", suffix_min, _segment_credit)
 
 
 @ADVANTAGES.register("rloo", needs=("groups", "kl_reward"))
@@ -313,6 +365,7 @@ __all__ = [
     "frac_zero_std_groups",
     "group_normalize",
     "group_stats",
+    "suffix_min",
     "leave_one_out",
     "zero_std_groups",
 ]

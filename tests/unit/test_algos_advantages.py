@@ -14,6 +14,7 @@ from rlft.algos import (
     dynamic_sampling_keep_mask,
     frac_zero_std_groups,
     group_stats,
+    suffix_min,
 )
 
 V = json.loads((Path(__file__).resolve().parents[1] / "data" / "algorithms_vectors.json").read_text())
@@ -74,7 +75,8 @@ def test_grpo_two_groups_are_normalised_separately_and_padding_gets_zero():
     torch.testing.assert_close(adv, expected, **TOL)
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "grpo_process", "reinforce_pp_baseline"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "grpo_process", "grpo_process_min",
+                                  "reinforce_pp_baseline"])
 def test_group_estimators_reject_groups_smaller_than_two(name):
     batch = AdvantageInputs(scores=t([1.0, 0.0]), mask=full_mask(2, 2), group_size=1,
                             step_ends=[[1], [1]], step_scores=[[1.0], [0.0]])
@@ -142,6 +144,32 @@ def test_process_supervision_checks_step_lists():
         ADVANTAGES.get("grpo_process")(batch, AdvantageConfig())
     with pytest.raises(ValueError, match="needs step_ends"):
         run("grpo_process", t([0.0, 0.0]), full_mask(2, 2), G=2)
+
+
+def test_min_form_credit_gives_each_step_the_lowest_reward_from_it_on():
+    # response 0: step rewards [0.9, 0.2, 0.8] ending at columns 1, 3, 4 -> returns [0.2, 0.2, 0.8];
+    # response 1: [0.6, 0.7] ending at 0, 2 -> [0.6, 0.7]. Pooled returns: mean 0.5, unbiased std
+    # sqrt(0.32 / 4) = 0.28284271 -> normalised [-1.0607, -1.0607, 1.0607] and [0.3536, 0.7071].
+    # The over-scored first step (0.9) of response 0 does not lift its tokens above the 0.2 that follows.
+    mask = full_mask(2, 6)
+    mask[1, 4:] = False
+    batch = AdvantageInputs(scores=t([0.0, 0.0]), mask=mask, group_size=2,
+                            step_ends=[[1, 3, 4], [0, 2]], step_scores=[[0.9, 0.2, 0.8], [0.6, 0.7]])
+    adv = ADVANTAGES.get("grpo_process_min")(batch, AdvantageConfig(eps_adv=0.0)).adv
+    a, b = 1.06066017, 0.35355339
+    torch.testing.assert_close(adv, t([[-a, -a, -a, -a, a, 0], [b, 2 * b, 2 * b, 0, 0, 0]]), **TOL)
+    # the outcome advantage adds on as in grpo_process; equal step rewards carry no process signal
+    flat = AdvantageInputs(scores=t([1.0, 0.0]), mask=full_mask(2, 2), group_size=2,
+                           step_ends=[[1], [1]], step_scores=[[0.5], [0.5]])
+    both = ADVANTAGES.get("grpo_process_min")(flat, AdvantageConfig(eps_adv=0.0, outcome_weight=1.0)).adv
+    torch.testing.assert_close(both, t([[0.70710678] * 2, [-0.70710678] * 2]), **TOL)
+    with pytest.raises(ValueError, match="grpo_process_min needs step_ends"):
+        run("grpo_process_min", t([0.0, 0.0]), full_mask(2, 2), G=2)
+
+
+def test_suffix_min():
+    assert suffix_min([0.9, 0.2, 0.8]) == [0.2, 0.2, 0.8]
+    assert suffix_min([]) == []
 
 
 # ------------------------------------------------------------------ T8 DAPO helpers

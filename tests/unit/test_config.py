@@ -215,6 +215,8 @@ def test_a_sample_budget_sets_the_steps_of_every_loop():
 
 def test_the_outcome_weight_needs_process_supervision():
     rc.validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "algo.outcome_weight=0.5"]))
+    rc.validate(_compose(["algo=grpo", "algo.advantage=grpo_process_min", "algo.outcome_weight=0.5",
+                          "reward.process=exact"]))
     _one_line_error(["algo=grpo", "algo.outcome_weight=0.5"], "algo.outcome_weight=0.5", "grpo_process")
 
 

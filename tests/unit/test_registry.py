@@ -39,7 +39,7 @@ def test_duplicate_registration_rejected():
 
 def test_algorithm_registries_expose_the_documented_names():
     assert ADVANTAGES.names() == [
-        "dr_grpo", "gae", "grpo", "grpo_process", "reinforce_pp", "reinforce_pp_baseline", "rft", "rloo",
+        "dr_grpo", "gae", "grpo", "grpo_process", "grpo_process_min", "reinforce_pp", "reinforce_pp_baseline", "rft", "rloo",
     ]
     assert POLICY_LOSSES.names() == ["gspo", "ppo_clip", "reinforce"]
     assert IS_CORRECTIONS.names() == ["mis", "none", "tis"]
