@@ -4,7 +4,7 @@
 #
 #   bash scripts/pipeline.sh <rl-algo> [run-name] [overrides for every stage...]
 #   bash scripts/pipeline.sh grpo demo
-#   RL_ARGS="algo.advantage=grpo_process train.max_steps=100" bash scripts/pipeline.sh grpo demo
+#   RL_ARGS="train.max_steps=100" bash scripts/pipeline.sh grpo_process demo   # process supervision
 #
 # Rerunning is safe and cheap: a complete stage (manifest.json present) is skipped, a stage that was
 # interrupted after a checkpoint resumes from its newest one (resume=true), anything else starts
@@ -14,8 +14,8 @@ ALGO=${1:?usage: pipeline.sh <rl-algo: grpo|ppo|p3o|dpo|online_dpo|rft|online_rf
 RUN=${2:-pipeline}
 shift; shift || true
 case "$ALGO" in
-  grpo|ppo|p3o|dpo|online_dpo|rft|online_rft) ;;
-  *) echo "pipeline.sh: unknown RL algorithm '$ALGO'; valid: grpo, ppo, p3o, dpo, online_dpo, rft, online_rft" >&2
+  grpo|grpo_process|ppo|p3o|dpo|online_dpo|rft|online_rft) ;;
+  *) echo "pipeline.sh: unknown RL algorithm '$ALGO'; valid: grpo, grpo_process, ppo, p3o, dpo, online_dpo, rft, online_rft" >&2
      exit 2 ;;
 esac
 ROOT=${RUN_ROOT:-runs}/$RUN
@@ -40,7 +40,7 @@ stage() {  # stage <algo> <extra overrides (one string)>
 }
 
 needs_prm=false
-case " ${RL_ARGS:-} $* " in *grpo_process*|*prm*) needs_prm=true ;; esac
+case " $ALGO ${RL_ARGS:-} $* " in *grpo_process*|*prm*) needs_prm=true ;; esac
 
 stage sft "${SFT_ARGS:-}"
 stage rm "${RM_ARGS:-}"

@@ -101,18 +101,20 @@ def test_grpo_outcome_rule_reward(work):
 
 @pytest.mark.slow
 def test_grpo_process_supervision_with_the_prm(work):
-    train(work, "algo=grpo", "algo.advantage=grpo_process", "train.max_steps=2", "train.lr=1e-3")
-    recs = check_rl_metrics(work, "grpo", 2, kl=True)
+    train(work, "algo=grpo_process", "train.max_steps=2", "train.lr=1e-3")  # its own preset: beta 1
+    recs = check_rl_metrics(work, "grpo_process", 2, kl=True)
+    assert all(r["kl_coef"] == 1.0 for r in recs)
     # the outcome reward is flat (never correct), so only the PRM's step rewards can move the policy
     assert all(r["reward"] == 0.0 and r["frac_zero_std"] == 1.0 for r in recs)
-    check_outputs(work, "grpo", all_changed=True)
+    check_outputs(work, "grpo_process", all_changed=True)
 
 
 @pytest.mark.slow
-def test_grpo_process_supervision_with_the_exact_step_verifier_and_a_sample_budget(work):
+def test_grpo_process_min_with_the_exact_step_verifier_and_a_sample_budget(work):
     shutil.rmtree(stage_dir(work, RUN, "prm"))  # the exact verifier needs no PRM
     # a budget of 40 completions: 3 rollouts of 4 x 4 (the fewest that reach it)
-    train(work, "algo=grpo", "algo.advantage=grpo_process", "reward.process=exact", "train.max_samples=40")
+    # min-form credit (grpo_process_min) reads the same step scores
+    train(work, "algo=grpo", "algo.advantage=grpo_process_min", "reward.process=exact", "train.max_samples=40")
     recs = check_rl_metrics(work, "grpo", 3, kl=True)
     assert [r["samples_seen"] for r in recs] == [16, 32, 48]
     assert read_manifest(stage_dir(work, RUN, "grpo"))["summary"]["samples_seen"] == 48
