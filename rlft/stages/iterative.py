@@ -11,8 +11,8 @@ At the end of iteration k (before iteration k+1 starts):
      they were policy samples; otherwise the data's own pairs / step labels) and every earlier
      iteration's added rows;
        RM  pairs: (correct, incorrect) completions of the same prompt;
-       PRM step labels (`iterative.step_labels`), for `iterative.label_budget` incorrect and as many
-           correct completions: mc, the Math-Shepherd hard estimate (§2.2): every step of a correct
+       PRM step labels (`iterative.step_labels`), for the newest `iterative.label_budget` incorrect and
+           as many correct completions: mc, the Math-Shepherd hard estimate (§2.2): every step of a correct
            completion is 1; a step of an incorrect one is 1 when any of `iterative.label_completions`
            continuations of its prefix, sampled from the current policy, reaches the gold answer;
            exact (built-in task): each step checked against the worked solution;
@@ -72,14 +72,16 @@ def hard_step_labels(stage, record: dict) -> list[int]:
 
 def new_rows(stage, kind: str, records: list[dict]) -> list[dict]:
     """The reward model's text rows from one iteration's samples: RM (correct, incorrect) pairs of one
-    prompt; PRM solutions with hard step labels (as many correct as incorrect ones)."""
+    prompt; PRM solutions with hard step labels: the newest `label_budget` incorrect ones and as many
+    of the newest correct ones."""
     if kind == "rm":
         return L.outcome_pairs(records, stage.cfg.rollout.samples_per_prompt)
-    correct = [r for r in records if r["correct"]]
+    # the newest samples: those of the policy that the next iteration continues from
     budget = stage.cfg.iterative.label_budget
-    wrong = [r for r in records if not r["correct"]][:budget]
+    wrong = [r for r in records if not r["correct"]][-budget:] if budget else []
+    correct = [r for r in records if r["correct"]][-(len(wrong) or budget):] if budget else []
     rows = []
-    for r in correct[:len(wrong) or budget] + wrong:
+    for r in correct + wrong:
         steps, _ = split_steps(r["completion"])
         if steps:
             rows.append({"prompt_text": r["prompt_text"], "steps": steps, "labels": hard_step_labels(stage, r)})

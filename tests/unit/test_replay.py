@@ -77,9 +77,11 @@ def test_iteration_rows_with_exact_step_labels_need_no_continuations():
     right = {**rec, "completion": "5-1=4\n4*2=8\n#### 8", "correct": True}
     slip = {**rec, "completion": "5-1=3\n3*2=6\n#### 6", "correct": False}
     late = {**rec, "completion": "5-1=4\n4*2=9\n#### 9", "correct": False}
-    rows = iterative.new_rows(stage, "prm", [slip, right, late, slip, right, right, right])
+    newest = {**right, "completion": "5-1=4\n4*2=8\n#### 8.0"}
+    rows = iterative.new_rows(stage, "prm", [slip, right, slip, late, right, newest])
+    # the newest two incorrect completions and as many of the newest correct ones, in that order
     assert [r["labels"] for r in rows] == [[1, 1, 1], [1, 1, 1], [0, 0, 0], [1, 0, 0]]
-    assert rows[0]["steps"] == ["5-1=4", "4*2=8", "#### 8"]
+    assert rows[1]["steps"] == ["5-1=4", "4*2=8", "#### 8.0"]
 
 
 def reference_after_an_iteration(tmp_path, reset: bool):
