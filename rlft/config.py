@@ -414,7 +414,8 @@ class RewardDataConfig(AlgoConfig):
     source: RewardSource = RewardSource.data
     """data: the data's own rows (built-in task: the generator's correct vs corrupted solutions; a file: its
     pairs or step labels) | policy: samples of `algo.sample_from` on the data's questions, labelled by the
-    answer verifier (RM pairs: a correct vs an incorrect sample of one question; PRM steps: `algo.labels`)."""
+    answer verifier (RM and DPO pairs: a correct vs an incorrect sample of one question; PRM steps:
+    `algo.labels`)."""
     sample_from: str = "stage:sft"
     """source=policy: the model whose samples are labelled (rollout.samples_per_prompt per question)."""
     num_prompts: int = 1000
@@ -585,8 +586,9 @@ class RFTConfig(AlgoConfig):
 
 
 @dataclass
-class DPOConfig(AlgoConfig):
-    """Offline DPO on preference pairs against the frozen starting model."""
+class DPOConfig(RewardDataConfig):
+    """Offline DPO on preference pairs against the frozen starting model: the data's pairs, or
+    (source=policy) pairs of the starting model's own samples, a correct one chosen over an incorrect one."""
     name: str = "dpo"
     kind: str = "dpo"
     init_from: str = "stage:sft"

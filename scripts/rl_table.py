@@ -65,6 +65,8 @@ def rows(budget: int) -> dict[str, list[str]]:
         "p3o_joint": ["algo=p3o", "algo.pairwise_loss=p3o_joint"],
         "p3o_separate": ["algo=p3o", "algo.pairwise_loss=p3o_separate"],
         "dpo": ["algo=dpo"],
+        # offline DPO on the SFT model's own samples (a correct over an incorrect one), sampled as offline RFT's
+        "dpo_policy": ["algo=dpo", "algo.source=policy", f"algo.num_prompts={budget // 8}"],
         "online_dpo": ["algo=online_dpo"],
         "rloo": ["algo=rloo"],
         "reinforce_pp": ["algo=reinforce_pp"],

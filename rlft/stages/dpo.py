@@ -3,6 +3,12 @@
     rlft train algo=dpo run.name=demo                         # built-in pairs, from this run's SFT
     rlft train algo=dpo data=jsonl data.source=prefs.jsonl    # prompt/chosen/rejected rows
     rlft train algo=dpo algo.length_normalize=true            # DeepSeekMath Eq. 12 variant
+    rlft train algo=dpo algo.source=policy                    # pairs of the SFT model's own samples
+
+With algo.source=policy the pairs are the sampled model's own (algo.sample_from, this run's SFT by
+default): `rollout.samples_per_prompt` samples of each of `algo.num_prompts` questions, checked by the
+answer verifier, a correct one chosen over an incorrect one of the same question (as the RM's pairs,
+docs/algorithms.md §2 and §9).
 
 h = beta * (s_policy - s_reference), s summed over response tokens. The reference log-probs of
 every training pair are computed once, before training, by the starting model (the reference),
@@ -18,7 +24,7 @@ from rlft.data.encode import collate_padded, pad_to
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer
 from rlft.rollout.logprobs import packed_logp, token_logp
-from rlft.stages import common, inputs
+from rlft.stages import common, inputs, policy_data
 
 
 def pair_logps(model, examples: list[dict], pad_id: int, device, packed: bool = False) -> tuple[
@@ -74,8 +80,11 @@ def run(cfg, ctx: common.StageContext) -> dict:
     tokenizer = load_tokenizer(cfg.model, parent)
     pad = tokenizer.pad_token_id
     common.seed_everything(cfg.seed)
-    train = inputs.pair_examples(cfg, tokenizer, "train")
-    test = inputs.pair_examples(cfg, tokenizer, "test")[:a.num_eval_pairs]
+    train, test, sampled = pairs(cfg, tokenizer, ctx.info.device)
+    if not train:
+        raise common.StageError(f"dpo: no training pairs (from {a.source}); with algo.source=policy the sampled "
+                                "model needs both correct and incorrect samples of a question: raise "
+                                "rollout.samples_per_prompt or algo.num_prompts")
     model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True).to(ctx.info.device)
     micro = cfg.train.micro_batch_per_device
     packed = cfg.train.packing
@@ -86,5 +95,17 @@ def run(cfg, ctx: common.StageContext) -> dict:
     loss_fn = lambda e, x, d: dpo_step_loss(e, x, d, pad, a, packed)  # noqa: E731
     evaluate = (lambda: common.held_out(engine, test, loss_fn, micro)) if test else None
     summary = common.supervised_loop(ctx, engine, train, len, loss_fn, evaluate, a.eval_every)
+    summary.update(sampled, train_pairs=len(train))
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary
+
+
+def pairs(cfg, tokenizer, device) -> tuple[list[dict], list[dict], dict]:
+    """(training pairs, held-out pairs, what was sampled): the data's pairs, or the sampled model's own."""
+    a = cfg.algo
+    if a.source == "policy":
+        train, train_info = policy_data.pair_examples(cfg, tokenizer, "train", a.num_prompts, device)
+        test, test_info = policy_data.pair_examples(cfg, tokenizer, "test", a.num_eval_pairs, device)
+        return train, test[:a.num_eval_pairs], train_info | test_info
+    return (inputs.pair_examples(cfg, tokenizer, "train"),
+            inputs.pair_examples(cfg, tokenizer, "test")[:a.num_eval_pairs], {})

@@ -54,3 +54,7 @@ def test_an_rm_without_correct_samples_says_what_to_change(tmp_path):
     line = one_line_error(run_cli(tmp_path, "train", "algo=rm", "run.name=p", *TINY, *POLICY,
                                   "algo.num_eval_pairs=3", timeout=300))
     assert "no training examples" in line and "rollout.samples_per_prompt" in line, line
+    # offline DPO on the policy's own samples needs the same pairs
+    line = one_line_error(run_cli(tmp_path, "train", "algo=dpo", "run.name=p", *TINY, *POLICY,
+                                  "algo.num_eval_pairs=3", timeout=300))
+    assert "dpo: no training pairs (from policy)" in line and "rollout.samples_per_prompt" in line, line

@@ -102,3 +102,29 @@ def test_prm_bce_good_weight_scales_the_good_steps_term():
     torch.testing.assert_close(prm_bce_loss(probs, labels, mask, from_logits=False, good_weight=3.0), expected[None],
                                **TOL)
     torch.testing.assert_close(prm_bce_loss(logits, labels, mask, good_weight=1.0), prm_bce_loss(logits, labels, mask))
+
+
+def test_offline_dpo_takes_pairs_of_the_policys_samples(monkeypatch):
+    """algo.source=policy: DPO's training and held-out pairs come from policy_data (the RM's sampled pairs),
+    the held-out ones capped at algo.num_eval_pairs; source=data: the data's pairs, nothing sampled."""
+    from omegaconf import OmegaConf
+
+    from rlft.stages import dpo, inputs, policy_data
+
+    calls = []
+
+    def sampled(cfg, tok, split, count, device):
+        calls.append((split, count))
+        return [{"split": split, "i": i} for i in range(count + 2)], {f"{split}_samples": 8.0 * count}
+
+    monkeypatch.setattr(policy_data, "pair_examples", sampled)
+    monkeypatch.setattr(inputs, "pair_examples", lambda cfg, tok, split: [{"data": split}] * 5)
+    cfg = OmegaConf.create({"algo": {"source": "policy", "num_prompts": 6, "num_eval_pairs": 3}})
+    train, test, info = dpo.pairs(cfg, None, "cpu")
+    assert calls == [("train", 6), ("test", 3)]
+    assert len(train) == 8 and len(test) == 3 and {ex["split"] for ex in test} == {"test"}
+    assert info == {"train_samples": 48.0, "test_samples": 24.0}
+    cfg.algo.source = "data"
+    train, test, info = dpo.pairs(cfg, None, "cpu")
+    assert train == [{"data": "train"}] * 5 and test == [{"data": "test"}] * 3 and info == {}
+    assert len(calls) == 2

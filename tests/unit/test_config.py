@@ -150,6 +150,9 @@ def test_options_the_run_never_reads_are_refused():
     _one_line_error(["algo=grpo", "iterative.iterations=2", "iterative.step_labels=exact",
                      "iterative.label_completions=8", "train.max_steps=20"], "iterative.label_completions=8",
                     "step_labels=mc")
+    # offline DPO samples questions only from the policy
+    _one_line_error(["algo=dpo", "algo.num_prompts=50"], "algo.num_prompts=50", "algo.source=policy")
+    rc.validate(_compose(["algo=dpo", "algo.source=policy", "algo.num_prompts=50"]))
     rc.validate(_compose(["algo=grpo", "iterative.iterations=2", "iterative.rm_steps=3", "train.max_steps=20"]))
     rc.validate(_compose(["algo=p3o", "algo.pairwise_loss=p3o_separate", "pairwise.kl_at=current"]))
     rc.validate(_compose(["algo=grpo", "algo.advantage=gae", "rollout.samples_per_prompt=2", "critic.lr=1e-3"]))
