@@ -47,6 +47,12 @@ def make_scheduler(optimizer: torch.optim.Optimizer, t) -> torch.optim.lr_schedu
         decay_type="cosine" if t.lr_schedule == "constant" else str(t.lr_schedule)))
 
 
+def last_step_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> float:
+    """The rate the last optimizer step used. The scheduler has already moved on to the next step's
+    (get_last_lr), which after the final step of a constant schedule is the decay floor."""
+    return float(scheduler.base_lrs[0] * scheduler.lr_lambdas[0](max(scheduler.last_epoch - 1, 0)))
+
+
 def bucket_elements(cfg, hidden_size: int | None) -> int:
     """ZeRO's communication bucket size in elements: engine.bucket_elements, else hidden_size² (at least
     2^20; transformers' 'auto'), so the reduce buffer of a small model is small and of a large one is few
@@ -198,7 +204,7 @@ class Engine:
         return int(self.ds.global_steps)
 
     def lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0]) if self.scheduler else 0.0
+        return last_step_lr(self.scheduler) if self.scheduler else 0.0
 
     def grad_norm(self) -> float | None:
         """Global gradient norm before clipping, when DeepSpeed tracked it (ZeRO 1-3, bf16)."""

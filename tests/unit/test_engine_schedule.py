@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlft.engine import make_scheduler
+from rlft.engine import last_step_lr, make_scheduler
 from rlft.microbatch import fixed
 from rlft.stages.common import rank_share, step_indices
 
@@ -123,3 +123,16 @@ def test_rank_micro_batches_positions_not_values():
     indices = [3, 3, 1, 1, 0, 2, 2, 0]
     assert rank_micro_batches(indices, 0, 2, 2) == [[3, 3], [1, 1]]
     assert rank_micro_batches(indices, 1, 2, 2) == [[0, 2], [2, 0]]
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_the_logged_rate_is_the_one_the_last_step_used(schedule):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    sched = make_scheduler(opt, SimpleNamespace(warmup_steps=W, max_steps=T, lr_schedule=schedule, min_lr_ratio=M))
+    used = []
+    for _ in range(T):
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+        assert last_step_lr(sched) == pytest.approx(used[-1])
+    assert used[-1] == pytest.approx(2.0 if schedule == "constant" else 2.0 * lr_multiplier(T - 1, W, T, schedule, M))
