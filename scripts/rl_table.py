@@ -18,7 +18,8 @@ trainings and evaluations are not redone, so an interrupted table resumes where 
 runs/<run>/rl_table.{md,csv}: mean ± std over seeds, the gain over SFT, and the samples each run saw.
 
 Overrides after `--` go to every rlft command; --rl-arg to the row trainings, --parent-arg to the
-SFT/RM/PRM trainings (`rm,prm:key=value` for some of them). --jobs N runs N trainings at once, one CPU thread each.
+SFT/RM/PRM trainings (`rm,prm:key=value` for some of them). --jobs N runs N trainings at once (the RM beside
+the PRM, then the rows), each on one CPU thread.
 """
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ class Runner:
     def parent(self, name: str) -> None:
         if not complete(self.root / name):
             preset = PARENTS[name] if self.args.reward_data == "policy" else PARENTS[name][:1]
-            self.rlft("train", *preset, *self.common, *parent_args(self.args.parent_arg, name))
+            self.rlft("train", *preset, *self.threads(), *self.common, *parent_args(self.args.parent_arg, name))
 
     def train_and_eval(self, row: str, overrides: list[str], seed: int) -> None:
         out = self.root / "table" / row / f"s{seed}"
@@ -191,8 +192,11 @@ def main(argv: list[str]) -> None:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     runner = Runner(args, [f"run.name={args.run}", f"run.root={args.root}", *extra])
     tic = time.time()
-    for name in PARENTS:
-        runner.parent(name)
+    runner.parent("sft")
+    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        # the RM and the PRM both learn from the SFT model's samples only: they train side by side
+        for future in [pool.submit(runner.parent, name) for name in PARENTS if name != "sft"]:
+            future.result()
     runner.evaluate("stage:sft", "sft")
     jobs = [(row, seed) for seed in seeds for row in names]
     with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
