@@ -259,8 +259,9 @@ class Engine:
 
     def state_bytes(self) -> int:
         """Bytes of this engine's resumable state on all ranks, roughly: fp32 weights and, when it trains,
-        Adam's two fp32 moments (and bf16 copies)."""
-        numel = sum(getattr(p, "ds_numel", p.numel()) for p in self.module.parameters())
+        Adam's two fp32 moments (and bf16 copies); a LoRA run's checkpoints hold only what trains."""
+        params = [p for p in self.module.parameters() if p.requires_grad or not self.has_adapter]
+        numel = sum(getattr(p, "ds_numel", p.numel()) for p in params)
         return numel * ((4 + 8 + (2 if self.cfg.engine.precision == "bf16" else 0)) if self.trainable else 4)
 
     def weights_finite(self) -> bool:
@@ -297,9 +298,12 @@ class Engine:
             tmp.mkdir(parents=True)
         dist.barrier()
         try:
-            self.ds.save_checkpoint(str(tmp), tag="state", client_state=client_state, save_latest=False)
+            # a LoRA run saves only what trains (the adapter, a reward head): the frozen base comes from model.path
+            self.ds.save_checkpoint(str(tmp), tag="state", client_state=client_state, save_latest=False,
+                                    exclude_frozen_parameters=self.has_adapter)
             for name, engine in (companions or {}).items():
-                engine.ds.save_checkpoint(str(tmp / name), tag="state", client_state={}, save_latest=False)
+                engine.ds.save_checkpoint(str(tmp / name), tag="state", client_state={}, save_latest=False,
+                                          exclude_frozen_parameters=engine.has_adapter)
         except (OSError, RuntimeError) as exc:
             raise_if_disk_full(exc, tmp, f"checkpoint step-{step:07d}")
             raise
@@ -321,12 +325,12 @@ class Engine:
     def load_checkpoint(self, path: Path, companions: dict[str, "Engine"] | None = None) -> dict:
         """Restore a checkpoint written by save_checkpoint (and its companions); returns its client_state."""
         _, client_state = self.ds.load_checkpoint(str(path), tag="state", load_optimizer_states=True,
-                                                  load_lr_scheduler_states=True)
+                                                  load_lr_scheduler_states=True, load_module_strict=not self.has_adapter)
         for name, engine in (companions or {}).items():
             if not (Path(path) / name).is_dir():
                 raise RuntimeError(f"checkpoint {path} has no {name}/ state; it was written without the {name}")
             engine.ds.load_checkpoint(str(Path(path) / name), tag="state", load_optimizer_states=True,
-                                      load_lr_scheduler_states=True)
+                                      load_lr_scheduler_states=True, load_module_strict=not engine.has_adapter)
         return client_state or {}
 
     def full_state_dict(self) -> dict | None:

@@ -113,8 +113,16 @@ def test_lora_resume_ends_with_the_uninterrupted_weights(tmp_path):
     args = ["train", "algo=sft", f"run.name={RUN}", *SMALL, *LORA, "train.save_every=2", "train.lr_schedule=constant",
             "train.warmup_steps=0"]
     check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "run.dir=runs/lo/full"))
-    check_ok(rl_cli(tmp_path, *args, "train.max_steps=2", "run.dir=runs/lo/parts"))
-    check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "run.dir=runs/lo/parts", "resume=true"))
+    # 3 steps (a checkpoint at step 2), then resumed from that checkpoint to 4: as if it had stopped after step 2
+    check_ok(rl_cli(tmp_path, *args, "train.max_steps=3", "run.dir=runs/lo/parts"))
+    # the checkpoint holds the adapter only: the frozen base is read again from model.path on resume
+    [states] = (tmp_path / "runs" / "lo" / "parts").glob("checkpoints/step-0000002/state/*model_states.pt")
+    saved = torch.load(states, map_location="cpu", weights_only=False)["module"]
+    assert any("lora_" in key for key in saved)
+    # no base weight but the tiny model's tied output embedding (state_dict names it twice, DeepSpeed drops one)
+    assert [key for key in saved if "lora_" not in key] in ([], ["lm_head.weight"]), sorted(saved)[:5]
+    out = check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "run.dir=runs/lo/parts", "resume=true")).stdout
+    assert "resumed from" in out and "step-0000002" in out, out[-2000:]
     full, parts = (load_safetensors(tmp_path / "runs" / "lo" / d / "final") for d in ("full", "parts"))
     for key in full:
         assert torch.equal(full[key], parts[key]), key

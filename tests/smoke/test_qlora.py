@@ -51,9 +51,11 @@ def test_qlora_sft_resume_and_grpo(tmp_path):
     sft = stage_dir(tmp_path, RUN, "sft") / "final"
     args = ["train", "algo=sft", f"run.name={RUN}", f"model.path={sft}", *SMALL, *QLORA]
     check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "run.dir=runs/ql/full"))
-    check_ok(rl_cli(tmp_path, *args, "train.max_steps=2", "train.save_every=2", "run.dir=runs/ql/parts"))
-    check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "train.save_every=2", "run.dir=runs/ql/parts",
-                    "resume=true"))
+    # 3 steps (a checkpoint at step 2, the adapter only), then resumed from that checkpoint to 4
+    check_ok(rl_cli(tmp_path, *args, "train.max_steps=3", "train.save_every=2", "run.dir=runs/ql/parts"))
+    out = check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "train.save_every=2", "run.dir=runs/ql/parts",
+                          "resume=true")).stdout
+    assert "resumed from" in out and "step-0000002" in out, out[-2000:]
     full_dir = tmp_path / "runs" / "ql" / "full"
     full, parts = (load_safetensors(tmp_path / "runs" / "ql" / d / "final") for d in ("full", "parts"))
     assert full.keys() == parts.keys() and all(torch.equal(full[k], parts[k]) for k in full)
