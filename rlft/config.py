@@ -330,7 +330,8 @@ class DataConfig:
 @dataclass
 class RewardConfig:
     functions: list = field(default_factory=lambda: ["correctness"])
-    """Reward sources: correctness, format (rules), rm, prm (this run's reward models), or `package.module:function`."""
+    """Reward sources: correctness (the environment's outcome reward, `env.*`), format (a rule), rm, prm (this run's
+    reward models), or `package.module:function`."""
     weights: list = field(default_factory=list)
     """Weight of each source, in order (empty: 1.0 each); the reward is the weighted sum."""
     truncation_policy: TruncationPolicy = TruncationPolicy.keep
@@ -344,6 +345,44 @@ class RewardConfig:
     process: StepScorer = StepScorer.prm
     """Step scores for process supervision (algo.advantage=grpo_process): prm (the PRM at prm_path) | exact (the
     built-in task's step verifier: 1 while the steps follow the worked solution; the bound a perfect PRM reaches)."""
+
+
+@dataclass
+class EnvConfig:
+    """The environment every sampling stage samples through (docs/environments.md): `env=<name>`."""
+    name: str = "math"
+    """math | calculator | python | reasoning_gym, or `package.module:Class` (a subclass of rlft.envs.Environment)."""
+    max_turns: int = 0
+    """Most model turns per trajectory (0: the environment's own default; math: 1, calculator: 8, python: 4)."""
+    max_env_tokens: int = 256
+    """Most environment tokens (tool outputs) per trajectory; a trajectory that would pass it ends, truncated."""
+    verifier: str = "auto"
+    """math, calculator, python: answer equality, exact (rlft's rational/normalised-text check) | math_verify
+    (Hugging Face's math-verify) | auto (exact for plain numbers, math-verify for the rest)."""
+    task: str = "chain_sum"
+    """reasoning_gym: the task (a reasoning-gym dataset name, e.g. chain_sum, basic_arithmetic, countdown)."""
+    task_config: dict = field(default_factory=dict)
+    """reasoning_gym: the task's own options, e.g. env.task_config={min_terms:2,max_terms:3}."""
+    tasks: dict = field(default_factory=dict)
+    """reasoning_gym: several tasks mixed by weight, e.g. env.tasks={chain_sum:1,basic_arithmetic:2} (replaces env.task)."""
+    train_size: int = 5000
+    """reasoning_gym: training rows generated (before the few that repeat a held-out question are dropped)."""
+    test_size: int = 500
+    """reasoning_gym: held-out rows, generated from another seed and never equal to a training question."""
+    seed: int = 0
+    """reasoning_gym: seed of the generators (train and test draw from different seeds derived from it)."""
+    instruction: str = ""
+    """reasoning_gym, python: text added after each question (e.g. how to write the answer); empty: none."""
+    timeout_s: float = 5.0
+    """python: wall-clock limit of one code run."""
+    cpu_s: int = 2
+    """python: CPU-time limit of one code run."""
+    memory_mb: int = 512
+    """python: address-space limit of one code run."""
+    max_output_chars: int = 1000
+    """python: longest tool output returned to the model (longer output is cut, and says so)."""
+    options: dict = field(default_factory=dict)
+    """A user environment's own options (read by its class as cfg.env.options)."""
 
 
 @dataclass
@@ -721,6 +760,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 

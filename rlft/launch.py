@@ -72,7 +72,9 @@ def preflight(cfg) -> None:
     input models (intact, complete), reward sources (user functions imported), the data (loaded
     and mapped, so a bad row is named in seconds). One-line errors."""
     handoff.resolve_model_path(cfg)
+    from rlft import envs
     from rlft.algos import ADVANTAGES
+    from rlft.data.loading import DataError
     from rlft.rewards.scoring import check_sources
     from rlft.stages import inputs
 
@@ -90,9 +92,15 @@ def preflight(cfg) -> None:
     if getattr(a, "source", None) == "policy":
         handoff.resolve_model_path(cfg, a.sample_from)
     policy_samples = getattr(a, "source", None) == "policy"  # a reward model labels samples of its questions
-    rows = inputs.rows_of(cfg, "qa" if policy_samples else spec.rows, "train")
-    if "correctness" in functions:
-        inputs.check_verifiable(cfg, rows, f"{cfg.data.source} [train]")
+    if spec.samples or policy_samples or spec.rows == "qa":  # the environment's rows, checked where it judges them
+        env = envs.build(cfg)
+        rows = env.rows("train")
+        if not rows:
+            raise DataError(f"environment {cfg.env.name}: the training split has no rows")
+        if "correctness" in functions or policy_samples:
+            env.check_rows(rows, f"{cfg.data.source} [train]")
+    else:
+        inputs.rows_of(cfg, spec.rows, "train")
 
 
 def quiet_environment() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlft.config import ALGO_SCHEMAS, SECTIONS, ConfigError
 
-GROUP_KEYS = ("algo", "model", "data", "reward", "engine", "logger", "experiment")
+GROUP_KEYS = ("algo", "model", "data", "reward", "env", "engine", "logger", "experiment")
 
 
 def conf_dir() -> Path:

@@ -16,6 +16,7 @@ ever branching on which algorithm it is.
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Iterator, TypeVar
 
 F = TypeVar("F", bound=Callable)
@@ -26,6 +27,19 @@ class UnknownNameError(KeyError):
 
     def __str__(self) -> str:  # KeyError would wrap the message in quotes
         return str(self.args[0])
+
+
+def import_path(spec: str, what: str, valid: str) -> tuple[object, str, str]:
+    """(the object `package.module:name` names or None when the module lacks it, module, name); a one-line
+    UnknownNameError for a spec that is no import path (listing `valid`) or a module that does not import."""
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise UnknownNameError(f"unknown {what} '{spec}'; valid: {valid}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownNameError(f"{what} '{spec}': cannot import {module_name} ({exc})") from None
+    return getattr(module, attr, None), module_name, attr
 
 
 class Registry:

@@ -60,8 +60,10 @@ def gae(
         R_t = A_t + V_t,
 
     over valid tokens only, with V_{T+1} = 0 and A_{T+1} = 0 after the last
-    valid token. Returns (advantages, returns), both 0 on masked positions and
-    detached from the graph of `values`.
+    valid token. A masked position inside a row (an environment's tokens in a
+    multi-turn trajectory) is not a step: the recursion passes over it, so t+1 is
+    the next valid token. Returns (advantages, returns), both 0 on masked
+    positions and detached from the graph of `values`.
     """
     m = mask.to(values.dtype)
     values = zero_masked(values.detach(), mask)
@@ -74,9 +76,9 @@ def gae(
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         a_t = (delta + gamma * lam * next_adv) * m[:, t]
         adv[:, t] = a_t
-        # a masked position resets the recursion for the valid token before it
-        next_value = values[:, t] * m[:, t]
-        next_adv = a_t
+        # a masked position passes the next valid token's value and advantage through
+        next_value = torch.where(m[:, t] > 0, values[:, t], next_value)
+        next_adv = torch.where(m[:, t] > 0, a_t, next_adv)
     returns = (adv + values) * m
     return adv, returns
 

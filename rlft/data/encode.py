@@ -66,6 +66,19 @@ def encode_sft(tok, prompt_text: str, response_text: str, max_len: int) -> dict:
     return {"input_ids": ids, "loss_mask": mask, "truncated": truncated}
 
 
+def encode_segments(tok, prompt_text: str, segments: list[tuple[str, bool]], max_len: int) -> dict:
+    """`{input_ids, loss_mask, truncated}` for prompt ⊕ segments ⊕ EOS, each segment encoded on its own and
+    in the loss only when marked trained (a tool's output is context, not a target); EOS is trained."""
+    ids, mask = [], []
+    for text, trained in segments:
+        seg = tok(text, add_special_tokens=False)["input_ids"]
+        ids += seg
+        mask += [int(trained)] * len(seg)
+    prompt_ids = encode_prompt(tok, prompt_text)
+    full, full_mask = prompt_ids + ids + [_eos_id(tok)], [0] * len(prompt_ids) + mask + [1]
+    return {"input_ids": full[:max_len], "loss_mask": full_mask[:max_len], "truncated": len(full) > max_len}
+
+
 def encode_pair(tok, prompt_text: str, chosen: str, rejected: str, max_len: int) -> dict:
     """`{chosen_ids, rejected_ids, chosen_mask, rejected_mask, truncated}` sharing one prompt."""
     prompt_ids = encode_prompt(tok, prompt_text)

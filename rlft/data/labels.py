@@ -5,15 +5,16 @@
     mc_step_labels     Math-Shepherd: a step is good when a continuation of its prefix reaches the
                        gold answer (hard estimate), from the completions' outcomes
 
-A record is one sampled completion: {prompt_text, completion, gold, correct} (+ gold_steps on the
-built-in task). Steps are the completion's non-empty lines, the final `#### n` line included.
+A record is one sampled completion: {prompt_text, completion, correct} (+ its row). Steps are the completion's non-empty lines, the final `#### n` line included.
 """
 from __future__ import annotations
 
 import torch
 
+from typing import Callable
+
 from rlft.algos.preference import math_shepherd_labels
-from rlft.rewards.verifiers import answers_match, extract_answer
+from rlft.rewards.verifiers import extract_answer
 
 
 def outcome_pairs(records: list[dict], group_size: int) -> list[dict]:
@@ -38,26 +39,27 @@ def worked_steps(response: str) -> list[str]:
     return [line for line in str(response).split("\n") if line.strip() and not line.lstrip().startswith("####")]
 
 
-def exact_step_labels(steps: list[str], gold_steps: list[str], gold: str) -> list[int]:
+def exact_step_labels(steps: list[str], gold_steps: list[str], solves: Callable[[str], bool]) -> list[int]:
     """Hard labels checked against the worked solution: reasoning line j is 1 while lines 0..j all equal
     the gold lines (from a wrong intermediate value no continuation reaches the gold answer on this
-    task); an answer line (`#### n`) is 1 when n is the gold answer."""
+    task); an answer line (`#### n`) is 1 when `solves(line)` (the environment's answer check)."""
     labels, on_track = [], True
     for j, line in enumerate(steps):
-        answer = extract_answer(line) if line.lstrip().startswith("####") else None
-        if answer is not None:
-            labels.append(int(answers_match(answer, gold)))
+        if line.lstrip().startswith("####") and extract_answer(line) is not None:
+            labels.append(int(solves(line)))
             continue
         on_track = on_track and j < len(gold_steps) and _same_step(line, gold_steps[j])
         labels.append(int(on_track))
     return labels
 
 
-def mc_step_labels(continuations: list[list[str]], prefixes: list[str], gold: str) -> tuple[list[int], list[float]]:
+def mc_step_labels(continuations: list[list[str]], prefixes: list[str],
+                   solves: Callable[[str], bool]) -> tuple[list[int], list[float]]:
     """(hard, soft) labels per step from the completer's continuations of each step's prefix:
-    hard = some continuation reaches the gold answer, soft = the share that does."""
+    hard = some continuation reaches the gold answer (`solves(prefix + continuation)`: the
+    environment's check), soft = the share that does."""
     n = len(continuations[0]) if continuations else 1
-    reaching = [sum(answers_match(extract_answer(prefix + text), gold) for text in texts)
+    reaching = [sum(bool(solves(prefix + text)) for text in texts)
                 for prefix, texts in zip(prefixes, continuations)]
     hard, soft = math_shepherd_labels(torch.tensor(reaching), n)
     return [int(x) for x in hard.tolist()], [float(x) for x in soft.tolist()]

@@ -27,15 +27,15 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from rlft import handoff
+from rlft import envs, handoff
+from rlft.envs import episodes
 from rlft.config import ConfigError
 from rlft.data.loading import DataError
 from rlft.data.encode import encode_prompts, prompt_budget
-from rlft.eval.metrics import maj_at_k, pass_at_k
+from rlft.eval.metrics import maj_at_k_votes, pass_at_k
 from rlft.eval.compare import write_comparison
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet, ScoringModel
-from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import Frozen, Sampling, build_engine
 from rlft.rollout.logprobs import batched_token_logp
@@ -63,36 +63,34 @@ def output_dir(cfg, model_ref: str) -> Path:
     return Path(cfg.run.root) / cfg.run.name / "eval" / tag
 
 
-def score_problems(problems: list[dict], greedy_texts: list[str], sampled_texts: list[list[str]],
+def score_problems(env, problems: list[dict], greedy_texts: list[str], sampled_texts: list[list[str]],
                    ks: list[int]) -> dict:
-    """Aggregate metrics from completions (pure: no model). problems[i]['answer'] is the gold."""
-    golds = [gold_answer(p["answer"]) for p in problems]
-    greedy_ok = [answers_match(extract_answer(t), g) for t, g in zip(greedy_texts, golds)]
+    """Aggregate metrics from completions, judged by the environment (pure: no model)."""
+    greedy_ok = [v.correct for v in env.scores(problems, greedy_texts)]
     out = {"num_problems": len(problems), "greedy_accuracy": sum(greedy_ok) / max(len(problems), 1)}
+    verdicts = [env.scores([p] * len(texts), texts) for p, texts in zip(problems, sampled_texts)]
     for k in ks:
         passes, majs = [], []
-        for texts, gold in zip(sampled_texts, golds):
-            answers = [extract_answer(t) for t in texts]
-            correct = sum(answers_match(a, gold) for a in answers)
-            passes.append(pass_at_k(len(texts), correct, k))
-            majs.append(maj_at_k(answers, gold, k))
+        for judged in verdicts:
+            keys = [v.answer for v in judged]
+            passes.append(pass_at_k(len(judged), sum(v.correct for v in judged), k))
+            majs.append(maj_at_k_votes(keys, {v.answer for v in judged if v.correct}, k))
         out[f"pass@{k}"] = sum(passes) / max(len(passes), 1)
         out[f"maj@{k}"] = sum(majs) / max(len(majs), 1)
     return out
 
 
-def sample_records(problems: list[dict], greedy_texts: list[str], sampled_texts: list[list[str]]) -> list[dict]:
-    """One record per problem: every completion with its extracted answer and correctness, so the
+def sample_records(env, problems: list[dict], greedy_texts: list[str], sampled_texts: list[list[str]]) -> list[dict]:
+    """One record per problem: every completion with its extracted answer, reward and correctness, so the
     figures can be recomputed from samples.jsonl alone."""
     out = []
     for p, greedy, texts in zip(problems, greedy_texts, sampled_texts):
-        gold = gold_answer(p["answer"])
-
         def scored(text: str) -> dict:
-            answer = extract_answer(text)
-            return {"text": text, "answer": answer, "correct": bool(answers_match(answer, gold))}
+            v = env.score(p, text)
+            return {"text": text, "answer": v.answer, "reward": v.reward, "correct": bool(v.correct)}
 
-        out.append({"prompt": p["prompt"], "gold": gold, "greedy": scored(greedy), "samples": [scored(t) for t in texts]})
+        out.append({"prompt": p["prompt"], "gold": env.gold(p), "greedy": scored(greedy),
+                    "samples": [scored(t) for t in texts]})
     return out
 
 
@@ -108,25 +106,34 @@ def eval_prompts(cfg, tokenizer, problems: list[dict], model) -> list[list[int]]
                           prompt_budget(model, cfg.eval.max_new_tokens), "eval")
 
 
-def evaluate_model(engine, model, tokenizer, cfg, problems: list[dict]) -> dict:
-    """Greedy and sampled completions for every problem (through the rollout `engine`), then the metrics."""
+def evaluate_model(engine, model, tokenizer, cfg, problems: list[dict], env) -> dict:
+    """Greedy and sampled trajectories for every problem (through the rollout `engine` and the
+    environment), then the metrics."""
     e = cfg.eval
     prompts = eval_prompts(cfg, tokenizer, problems, model)
+    limits = episodes.limits(cfg, env, tokenizer)
     torch.manual_seed(e.seed)
     tic = time.time()
-    greedy = engine.generate(prompts, 1, Sampling(e.max_new_tokens, False), seed=e.seed)
-    sampled = engine.generate(prompts, e.samples, Sampling(e.max_new_tokens, True, e.temperature, e.top_p, 0),
-                              seed=e.seed + 1)
+    greedy = episodes.sample(engine, env, problems, prompts, 1, Sampling(e.max_new_tokens, False), e.seed, tokenizer,
+                             limits)
+    sampled = episodes.sample(engine, env, problems, prompts, e.samples,
+                              Sampling(e.max_new_tokens, True, e.temperature, e.top_p, 0), e.seed + 1, tokenizer, limits)
     seconds = time.time() - tic
     grouped = [sampled.texts[i * e.samples:(i + 1) * e.samples] for i in range(len(problems))]
-    metrics = score_problems(problems, greedy.texts, grouped, list(e.k))
-    lengths = [len(c) for c in sampled.completion_ids]
+    metrics = score_problems(env, problems, greedy.texts, grouped, list(e.k))
+    lengths = [sum(w) for w in sampled.token_mask] if sampled.token_mask is not None else \
+        [len(c) for c in sampled.completion_ids]
     metrics.update(
         mean_response_tokens=sum(lengths) / max(len(lengths), 1),
         truncation_rate=sum(sampled.truncated) / max(len(sampled.truncated), 1),
         greedy_truncation_rate=sum(greedy.truncated) / max(len(greedy.truncated), 1),
         generation_seconds=round(seconds, 2),
     )
+    if sampled.tool_calls is not None:  # multi-turn: how the samples used the environment
+        metrics.update(tool_use_rate=sum(c > 0 for c in sampled.tool_calls) / max(len(sampled.tool_calls), 1),
+                       tool_calls_per_sample=sum(sampled.tool_calls) / max(len(sampled.tool_calls), 1),
+                       tool_error_rate=sum(sampled.tool_errors) / max(sum(sampled.tool_calls), 1),
+                       mean_turns=sum(sampled.turns) / max(len(sampled.turns), 1))
     return metrics, greedy, grouped
 
 
@@ -153,15 +160,16 @@ def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) 
 
 
 def policy_sample_metrics(engine, model, tokenizer, cfg, problems: list[dict], prompts: list[list[int]],
-                          device: torch.device, reference: str | None, rm: str | None) -> dict:
+                          device: torch.device, reference: str | None, rm: str | None, env) -> dict:
     """Reward sources, RM score and KL to the reference on eval.policy_samples completions per problem
     drawn at temperature 1 (through the rollout `engine`; the KL's log-probs from `model`)."""
     e = cfg.eval
-    gens = engine.generate(prompts, e.policy_samples, Sampling(e.max_new_tokens, True, 1.0, 1.0, 0), seed=e.seed + 2)
+    gens = episodes.sample(engine, env, problems, prompts, e.policy_samples, Sampling(e.max_new_tokens, True, 1.0, 1.0, 0),
+                           e.seed + 2, tokenizer, episodes.limits(cfg, env, tokenizer))
     rows = [problems[i] for i in gens.prompt_index]
     prompt_texts = [tokenizer.decode(prompts[i]) for i in gens.prompt_index]
     out: dict = {"policy_samples": len(gens.texts)}
-    rewards = RewardSet(cfg, device)
+    rewards = RewardSet(cfg, device, env)
     total, per_source = rewards([r["prompt"] for r in rows], prompt_texts, gens.texts, rows)
     out["reward"] = float(total.mean())
     for name, values in per_source.items():
@@ -172,7 +180,7 @@ def policy_sample_metrics(engine, model, tokenizer, cfg, problems: list[dict], p
         out["rm_score"] = sum(scores) / max(len(scores), 1)
     if reference is not None:
         ids, attn, mask = rb.build_sequences([prompts[i] for i in gens.prompt_index], gens.completion_ids,
-                                             tokenizer.pad_token_id)
+                                             tokenizer.pad_token_id, gens.token_mask)
         ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
         ref_model = load_model(cfg.model, reference, load_tokenizer(cfg.model, reference), head="causal_lm")
         ref_model = ref_model.to(device).eval()
@@ -191,10 +199,11 @@ def eval_one(cfg, model_ref: str) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.engine.device != "cpu" else "cpu")
     tokenizer = load_tokenizer(cfg.model, path)
     model = load_model(cfg.model, path, tokenizer, head="causal_lm", seed=cfg.seed).to(device).eval()
-    problems = inputs.qa_rows(cfg, "test")
+    env = envs.build(cfg)
+    problems = env.rows("test")
     if not problems:
         raise DataError(f"{cfg.data.source}: the test split ({cfg.data.test_split}) has no rows to evaluate")
-    inputs.check_verifiable(cfg, problems, f"{cfg.data.source} [test]")
+    env.check_rows(problems, f"{cfg.data.source} [test]")
     if cfg.eval.num_problems:
         problems = problems[:cfg.eval.num_problems]
     e = cfg.eval
@@ -207,22 +216,23 @@ def eval_one(cfg, model_ref: str) -> dict:
     try:
         engine.sync_weights(0)  # started outside the timing below
         print(f"[rlft] rollout engine: {why}", flush=True)
-        metrics, greedy, grouped = evaluate_model(engine, model, tokenizer, cfg, problems)
+        metrics, greedy, grouped = evaluate_model(engine, model, tokenizer, cfg, problems, env)
         if e.policy_samples:
             prompts = eval_prompts(cfg, tokenizer, problems, model)
             torch.manual_seed(e.seed + 1)
             metrics.update(policy_sample_metrics(engine, model, tokenizer, cfg, problems, prompts, device, reference,
-                                                 rm))
+                                                 rm, env))
     finally:  # the next checkpoint of eval.models starts its own engine in this process
         engine.close()
     out_dir = output_dir(cfg, model_ref)
-    record = {"model": model_ref, "resolved_path": path, "data": cfg.data.source, "metrics": metrics,
+    record = {"model": model_ref, "resolved_path": path, "data": cfg.data.source, "env": str(cfg.env.name),
+              "metrics": metrics,
               "reference": reference, "rm": rm,
               "settings": {"samples": e.samples, "k": list(e.k), "temperature": e.temperature, "top_p": e.top_p,
                            "max_new_tokens": e.max_new_tokens, "policy_samples": e.policy_samples,
                            "reward_functions": list(cfg.reward.functions)}}
     handoff.write_json_atomic(out_dir / "eval.json", record)
-    handoff.write_jsonl_atomic(out_dir / "samples.jsonl", sample_records(problems, greedy.texts, grouped))
+    handoff.write_jsonl_atomic(out_dir / "samples.jsonl", sample_records(env, problems, greedy.texts, grouped))
     print(format_table(metrics))
     print(f"[rlft] wrote {out_dir / 'eval.json'}")
     return record

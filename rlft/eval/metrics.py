@@ -2,6 +2,7 @@
 
     pass_at_k       unbiased pass@k of Chen et al. 2021 (human-eval), one problem
     mean_pass_at_k  its average over problems
+    maj_at_k_votes  the same for answers an environment judged (canonical keys, the set that is correct)
     maj_at_k        expected majority-vote correctness of k answers drawn without replacement from the
                     n samples (like pass@k, an estimate over all n, not over the first k), one problem
     mean_maj_at_k   its average over problems
@@ -16,7 +17,7 @@ import itertools
 import math
 import random
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Collection, Hashable, Iterable, Sequence
 
 from rlft.rewards.verifiers import answers_match, normalize_answer
 
@@ -49,35 +50,41 @@ def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
 MAJ_SUBSETS = 2000  # k-subsets enumerated exactly up to this many, else this many drawn (seeded)
 
 
-def _vote_credit(normed: Sequence[str | None], gold: str) -> float:
-    """Majority vote of one subset: 1 when gold is the single most frequent answer, 1/t when it is
-    one of t tied answers (a fair tie-break), 0 otherwise; None never votes."""
+def _vote_credit(normed: Sequence[Hashable | None], correct: Collection) -> float:
+    """Majority vote of one subset: 1 when a correct answer is the single most frequent answer, 1/t when
+    it is one of t tied answers (a fair tie-break), 0 otherwise; None never votes."""
     votes = Counter(a for a in normed if a is not None)
     if not votes:
         return 0.0
     best = max(votes.values())
     top = [a for a, v in votes.items() if v == best]
-    return sum(answers_match(a, gold) for a in top) / len(top)
+    return sum(a in correct for a in top) / len(top)
 
 
-def maj_at_k(answers: Sequence[str | None], gold: str, k: int, seed: int = 0) -> float:
-    """E[majority vote of k of the n answers is correct], over k-subsets drawn uniformly without
+def maj_at_k_votes(keys: Sequence[Hashable | None], correct: Collection, k: int, seed: int = 0) -> float:
+    """E[the majority vote of k of the n answers is correct], over k-subsets drawn uniformly without
     replacement: exact when C(n, k) <= MAJ_SUBSETS, else the mean over MAJ_SUBSETS seeded draws.
+    `keys` are the answers in canonical form (None: no answer), `correct` the keys that are right.
     maj@1 equals pass@1 (c/n); maj@n is the vote of all n samples."""
-    n = len(answers)
+    n = len(keys)
     if not 1 <= k <= n:
         raise ValueError(f"maj@k needs 1 <= k <= n, got k={k}, n={n}")
-    normed = [normalize_answer(a) for a in answers]
     if math.comb(n, k) <= MAJ_SUBSETS:
         subsets = itertools.combinations(range(n), k)
         total, count = 0.0, 0
         for idx in subsets:
-            total += _vote_credit([normed[i] for i in idx], gold)
+            total += _vote_credit([keys[i] for i in idx], correct)
             count += 1
         return total / count
     rng = random.Random(seed)
-    return sum(_vote_credit([normed[i] for i in rng.sample(range(n), k)], gold)
+    return sum(_vote_credit([keys[i] for i in rng.sample(range(n), k)], correct)
                for _ in range(MAJ_SUBSETS)) / MAJ_SUBSETS
+
+
+def maj_at_k(answers: Sequence[str | None], gold: str, k: int, seed: int = 0) -> float:
+    """maj@k of raw numeric or text answers against `gold`, compared after `normalize_answer`."""
+    normed = [normalize_answer(a) for a in answers]
+    return maj_at_k_votes(normed, {a for a in normed if a is not None and answers_match(a, gold)}, k, seed)
 
 
 def mean_maj_at_k(problems: Iterable[tuple[Sequence[str | None], str]], k: int) -> float:

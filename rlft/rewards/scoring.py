@@ -1,7 +1,9 @@
 """Rewards for RL: rule verifiers, the RM stage's model, the PRM stage's model, user functions.
 
 `reward.functions` lists the sources and `reward.weights` their weights, e.g.
-reward.functions=[correctness,format] reward.weights=[1.0,0.1], or reward=rm. A source is a built-in rule (`correctness`, `format`), `rm` (this run's outcome
+reward.functions=[correctness,format] reward.weights=[1.0,0.1], or reward=rm. A source is `correctness` (the
+environment's outcome reward: env=math checks the final answer, env=reasoning_gym asks the task's scorer),
+a built-in rule (`format`), `rm` (this run's outcome
 reward model, or reward.rm_path), `prm` (the process reward model: its solution score is the
 minimum step probability, §2.2), or `package.module:function` with the signature
 
@@ -13,7 +15,6 @@ of every step, with each step's last character, which the RL stage maps to polic
 """
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
 import torch
@@ -23,10 +24,11 @@ from rlft.algos.preference import solution_score_min
 from rlft import handoff
 from rlft.data.encode import collate_padded, encode_steps, pad_to
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
-from rlft.registry import UnknownNameError
+from rlft.registry import UnknownNameError, import_path
 from rlft.rewards.verifiers import REWARD_FUNCTIONS
 
 MODEL_SOURCES = ("rm", "prm")
+ENV_SOURCE = "correctness"  # the environment's own outcome reward
 
 
 def split_steps(text: str) -> tuple[list[str], list[int]]:
@@ -43,15 +45,8 @@ def split_steps(text: str) -> tuple[list[str], list[int]]:
 
 def load_user_function(spec: str) -> Callable:
     """`package.module:function` -> the function, with a one-line error naming the problem."""
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise UnknownNameError(f"unknown reward '{spec}'; valid: {', '.join(REWARD_FUNCTIONS.names() + list(MODEL_SOURCES))} "
-                               "or an import path 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UnknownNameError(f"reward '{spec}': cannot import {module_name} ({exc})") from None
-    fn = getattr(module, attr, None)
+    valid = ", ".join(REWARD_FUNCTIONS.names() + [ENV_SOURCE] + list(MODEL_SOURCES))
+    fn, module_name, attr = import_path(spec, "reward", f"{valid} or an import path 'package.module:function'")
     if not callable(fn):
         raise UnknownNameError(f"reward '{spec}': {module_name} has no function {attr}")
     return fn
@@ -116,19 +111,19 @@ class ScoringModel:
 
 
 class ExactSteps:
-    """The built-in task's step verifier as a process reward (`reward.process=exact`): a step scores 1
-    while every step so far equals the row's worked solution (and an answer line when its answer is the
-    gold one), else 0 -- the labels a perfect PRM would give (docs/algorithms.md §2)."""
+    """The environment's exact step labels as a process reward (`reward.process=exact`; the built-in
+    task: a step scores 1 while every step so far equals the row's worked solution, and an answer line
+    when its answer is right), else 0 -- the labels a perfect PRM would give (docs/algorithms.md §2)."""
+
+    def __init__(self, env):
+        self.env = env
 
     def steps(self, prompt_texts: list[str], completions: list[str],
               rows: list[dict]) -> tuple[list[list[float]], list[list[int]]]:
-        from rlft.data.labels import exact_step_labels, worked_steps
-        from rlft.rewards.verifiers import gold_answer
-
         scores, char_ends = [], []
         for completion, row in zip(completions, rows):
             steps, ends = split_steps(completion)
-            labels = exact_step_labels(steps, worked_steps(row["response"]), gold_answer(str(row["answer"])))
+            labels = self.env.step_labels(row, steps)
             scores.append([float(x) for x in labels])
             char_ends.append(ends)
         return scores, char_ends
@@ -150,19 +145,27 @@ def check_sources(cfg) -> None:
     """Every configured source exists (user functions are imported; models are not loaded): a
     one-line UnknownNameError before anything is started or removed."""
     for name in source_weights(list(cfg.reward.functions), list(cfg.reward.weights)):
-        if name not in MODEL_SOURCES and name not in REWARD_FUNCTIONS.names():
+        if name not in MODEL_SOURCES and name != ENV_SOURCE and name not in REWARD_FUNCTIONS.names():
             load_user_function(name)
 
 
 class RewardSet:
-    """The configured reward sources, their weights, and the models they need."""
+    """The configured reward sources, their weights, and the models they need; `correctness` is the
+    environment's outcome reward."""
 
-    def __init__(self, cfg, device: torch.device):
+    def __init__(self, cfg, device: torch.device, env=None):
         self.weights = source_weights(list(cfg.reward.functions), list(cfg.reward.weights))
         self.fns: dict[str, Callable] = {}
         self.models: dict[str, ScoringModel] = {}
+        self.env = None
         for name in self.weights:
-            if name in MODEL_SOURCES:
+            if name == ENV_SOURCE:
+                if env is None:
+                    from rlft import envs
+
+                    env = envs.build(cfg)
+                self.env = env
+            elif name in MODEL_SOURCES:
                 self.models[name] = self.load_model(cfg, name, device)
             elif name in REWARD_FUNCTIONS.names():
                 self.fns[name] = REWARD_FUNCTIONS.get(name)
@@ -180,6 +183,8 @@ class RewardSet:
         fields = {k: [r.get(k) for r in rows] for k in (rows[0].keys() if rows else [])
                   if k != "prompt" and not k.startswith("_")}
         per_source: dict[str, list[float]] = {}
+        if self.env is not None:
+            per_source[ENV_SOURCE] = [s.reward for s in self.env.scores(rows, completions)]
         for name, fn in self.fns.items():
             values = [float(v) for v in fn(prompts, completions, **fields)]
             if len(values) != len(completions):
@@ -188,6 +193,7 @@ class RewardSet:
         for name, model in self.models.items():
             per_source[name] = model.outcome(prompt_texts, completions)
         total = torch.zeros(len(completions), dtype=torch.float64)
+        per_source = {name: per_source[name] for name in self.weights}  # the configured order
         for name, values in per_source.items():
             total += self.weights[name] * torch.tensor(values, dtype=torch.float64)
         return total, per_source

@@ -1,4 +1,7 @@
-"""Rule-based math verifiers: answer extraction, normalisation, and reward functions.
+"""Rule-based math verifiers: answer extraction, normalisation, and rule reward functions.
+
+The answer check itself belongs to the environment (rlft/envs/math.py builds on these functions);
+`reward.functions=[correctness]` is the environment's outcome reward.
 
 Reward functions follow the user reward signature
 
@@ -136,14 +139,6 @@ def gold_answer(answer: str) -> str | None:
     solution (GSM8K `answer` column), or the value itself when it is bare."""
     extracted = extract_answer(answer)
     return extracted if extracted is not None else (answer.strip() or None)
-
-
-@REWARD_FUNCTIONS.register("correctness")
-def correctness_reward(prompts: list[str], completions: list[str], answer: list[str], **row_fields) -> list[float]:
-    """1.0 when the completion's final answer matches the row's gold `answer`, else 0.0."""
-    if len(answer) != len(completions):
-        raise ValueError(f"{len(completions)} completions but {len(answer)} gold answers")
-    return [float(answers_match(extract_answer(c), gold_answer(str(a)))) for c, a in zip(completions, answer)]
 
 
 _FINAL_HASH_LINE = re.compile(r"####[ \t]*([^\n]*?)[ \t]*\Z")

@@ -3,7 +3,8 @@
 Shapes (N completions on this rank, L = longest prompt + completion):
     input_ids, attention_mask  [N, L]     right-padded prompt ⊕ completion
     mask                       [N, L-1]   response mask aligned to targets: column p is 1 when
-                                          token p+1 is a completion token (up to the first EOS)
+                                          token p+1 is a token the model sampled (up to the first
+                                          EOS); environment tokens of a multi-turn trajectory are 0
     scores                     [N]        total reward after the truncation policy
     old_logp, ref_logp, adv    [N, L-1]
 """
@@ -42,16 +43,21 @@ class Rollout:
     sampler_logp: list[list[float]] | None = None  # the rollout engine's log-prob of each completion token
     is_weight: torch.Tensor | None = None    # [N, L-1] engine-mismatch importance weights (None: no correction)
     is_metrics: dict = field(default_factory=dict)  # engine vs trainer log-prob gap, share corrected
+    token_mask: list[list[int]] | None = None  # multi-turn: 1 on each model token, 0 on environment tokens
+    episode: dict = field(default_factory=dict)  # multi-turn: per-trajectory turns, tool_calls, tool_errors
 
     def __len__(self) -> int:
         return len(self.completions)
 
 
-def build_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int):
-    """(input_ids [N, L], attention_mask [N, L], response mask [N, L-1]) from token lists."""
+def build_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
+                    token_masks: list[list[int]] | None = None):
+    """(input_ids [N, L], attention_mask [N, L], response mask [N, L-1]) from token lists;
+    `token_masks` (multi-turn) weighs each completion token: 1 sampled by the model, 0 environment."""
     seqs = [p + c for p, c in zip(prompt_ids, completion_ids)]
     ids, attn = collate_padded(seqs, pad_id, side="right")
-    masks = [[0] * (len(p) - 1) + [1] * len(c) for p, c in zip(prompt_ids, completion_ids)]
+    weights = token_masks if token_masks is not None else [[1] * len(c) for c in completion_ids]
+    masks = [[0] * (len(p) - 1) + list(w) for p, w in zip(prompt_ids, weights)]
     mask = pad_to(masks, 0, dtype=torch.float32)
     width = ids.shape[1] - 1
     if mask.shape[1] < width:
@@ -104,7 +110,8 @@ def concat_rows(picks: list[tuple[Rollout, int]], pad_id: int = 0) -> Rollout:
     """A new rollout made of chosen rows of scored rollouts (dynamic sampling refills)."""
     prompt_ids = [src.input_ids[i, :src.prompt_lens[i]].tolist() for src, i in picks]
     completion_ids = [src.completion_ids[i] for src, i in picks]
-    ids, attn, mask = build_sequences(prompt_ids, completion_ids, pad_id)
+    token_masks = [src.token_mask[i] for src, i in picks] if picks[0][0].token_mask is not None else None
+    ids, attn, mask = build_sequences(prompt_ids, completion_ids, pad_id, token_masks)
     # keep each row's policy-adjusted mask (truncation_policy=mask zeroes whole rows)
     for k, (src, i) in enumerate(picks):
         if float(src.mask[i].sum()) == 0.0:
@@ -118,6 +125,8 @@ def concat_rows(picks: list[tuple[Rollout, int]], pad_id: int = 0) -> Rollout:
                   per_source={name: [src.per_source[name][i] for src, i in picks] for name in picks[0][0].per_source})
     if picks[0][0].sampler_logp is not None:
         out.sampler_logp = [src.sampler_logp[i] for src, i in picks]
+    out.token_mask = token_masks
+    out.episode = {name: [src.episode[name][i] for src, i in picks] for name in picks[0][0].episode}
     if picks[0][0].step_ends is not None:
         out.step_ends = [src.step_ends[i] for src, i in picks]
         out.step_scores = [src.step_scores[i] for src, i in picks]
@@ -141,7 +150,7 @@ def take(ro: Rollout, order: list[int]) -> Rollout:
             out[name] = value[index]
         elif isinstance(value, list) and len(value) == n:
             out[name] = [value[i] for i in order]
-        elif name == "per_source":
+        elif name in ("per_source", "episode"):
             out[name] = {k: [v[i] for i in order] for k, v in value.items()}
         else:
             out[name] = value

@@ -43,6 +43,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     suppress_tokens: tuple = ()  # never sampled (benchmarks: fixed-length completions)
+    stop: tuple = ()  # strings that end a completion early (an environment's tool call); kept in it
 
 
 @dataclass
@@ -50,8 +51,13 @@ class Generations:
     prompt_index: list[int]          # which prompt each completion answers
     completion_ids: list[list[int]]  # up to and including the first EOS
     texts: list[str]                 # decoded completion, EOS and padding removed
-    truncated: list[bool]            # no EOS within max_new_tokens
+    truncated: list[bool]            # no EOS within max_new_tokens (nor a stop string)
     logp: list[list[float]] = field(default_factory=list)  # sampler's log-prob of each completion token
+    stopped: list[bool] = field(default_factory=list)  # ended on one of Sampling.stop (not EOS, not length)
+    token_mask: list[list[int]] | None = None  # 1: a model token, 0: an environment token (multi-turn)
+    turns: list[int] | None = None           # model turns of each trajectory (multi-turn)
+    tool_calls: list[int] | None = None      # environment replies to tool calls
+    tool_errors: list[int] | None = None     # of which the tool reported an error
 
 
 class RolloutEngine(Protocol):
@@ -83,6 +89,22 @@ def cut_at_eos(tokens: list[int], eos_id: int, pad_id: int) -> tuple[list[int], 
     while tokens and tokens[-1] == pad_id and pad_id != eos_id:
         tokens = tokens[:-1]
     return tokens, True
+
+
+def cut_turn(tokens: list[int], eos_id: int, pad_id: int, stop: tuple, tokenizer) -> tuple[list[int], bool, bool]:
+    """(tokens, truncated?, stopped?) of a row that generation ended at EOS, at a stop string or at the
+    length limit. A row that ended on a stop string is padded after it (with EOS where pad is EOS): its
+    tokens before the first EOS contain the stop string, which a row that really ended on EOS cannot
+    (it would have stopped there first)."""
+    if stop:
+        before = tokens[:tokens.index(eos_id)] if eos_id in tokens else tokens
+        while before and before[-1] == pad_id:
+            before = before[:-1]
+        text = tokenizer.decode(before, skip_special_tokens=True)
+        if any(s in text for s in stop):
+            return before, False, True
+    tokens, truncated = cut_at_eos(tokens, eos_id, pad_id)
+    return tokens, truncated, False
 
 
 def generation_order(prompt_lengths: list[int], bucket: bool) -> list[int]:
@@ -215,27 +237,30 @@ class HFEngine:
                               logits_processor=hf_processors(sampling, recorder), **DISTRIBUTION_NEUTRAL)
                 if sampling.suppress_tokens:
                     kwargs["suppress_tokens"] = list(sampling.suppress_tokens)
+                if sampling.stop:
+                    kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
                 if c.hf_cache == "static":
                     kwargs.update(cache_implementation="static", disable_compile=not c.hf_compile)
                 seqs = model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), **kwargs)
                 new = seqs[:, ids.shape[1]:]
                 logp = recorder.finish(new[:, -1]) if new.shape[1] else torch.zeros(len(chunk), 0)
                 for k, row, lp in zip(chunk, new.tolist(), logp.tolist()):
-                    tokens, truncated = cut_at_eos(row, eos, pad)
-                    results[k] = (tokens, truncated, lp[:len(tokens)])
+                    tokens, truncated, stopped = cut_turn(row, eos, pad, sampling.stop, self.tokenizer)
+                    results[k] = (tokens, truncated, lp[:len(tokens)], stopped)
             model.train(was_training)
         return assemble(rows, results, self.tokenizer)
 
 
-def assemble(rows: list[tuple[int, list[int]]], results: list[tuple[list[int], bool, list[float]]],
+def assemble(rows: list[tuple[int, list[int]]], results: list[tuple[list[int], bool, list[float], bool]],
              tokenizer) -> Generations:
-    out = Generations([], [], [], [], [])
-    for (index, _), (tokens, truncated, logp) in zip(rows, results):
+    out = Generations([], [], [], [], [], [])
+    for (index, _), (tokens, truncated, logp, stopped) in zip(rows, results):
         out.prompt_index.append(index)
         out.completion_ids.append(tokens)
         out.texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
         out.truncated.append(truncated)
         out.logp.append(logp)
+        out.stopped.append(stopped)
     return out
 
 

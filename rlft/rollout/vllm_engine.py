@@ -170,7 +170,8 @@ class VLLMEngine:
         return SamplingParams(allowed_token_ids=allowed, n=1 if greedy else n, max_tokens=sampling.max_new_tokens,
                               temperature=0.0 if greedy else sampling.temperature,
                               top_p=1.0 if greedy else sampling.top_p, top_k=0 if greedy else sampling.top_k,
-                              seed=seed, logprobs=0, stop_token_ids=[eos], detokenize=False,
+                              seed=seed, logprobs=0, stop_token_ids=[eos], detokenize=bool(sampling.stop),
+                              stop=list(sampling.stop) or None, include_stop_str_in_output=True,
                               skip_special_tokens=False, repetition_penalty=1.0, presence_penalty=0.0,
                               frequency_penalty=0.0)
 
@@ -191,12 +192,15 @@ class VLLMEngine:
         copies = 1 if sampling.do_sample else n  # greedy: one completion, repeated n times
         for i, out in enumerate(outs):
             for c in out.outputs * copies:
+                stopped = c.finish_reason == "stop" and isinstance(c.stop_reason, str)  # on a stop string
                 tokens, truncated = cut_at_eos(list(c.token_ids), eos, pad)
-                if c.finish_reason == "stop" and truncated:  # stopped on EOS without returning it
+                if stopped:
+                    tokens, truncated = list(c.token_ids), False
+                elif c.finish_reason == "stop" and truncated:  # stopped on EOS without returning it
                     tokens, truncated = tokens + [eos], False
                 logp = [entry[tok].logprob for entry, tok in zip(c.logprobs or [], c.token_ids)]
                 rows.append((i, mine[i]))
-                results.append((tokens, truncated, (logp + [0.0] * len(tokens))[:len(tokens)]))
+                results.append((tokens, truncated, (logp + [0.0] * len(tokens))[:len(tokens)], stopped))
         if self.tp_group is not None:
             rows, results = own_rows(rows, results, prompt_ids, offset, n)
         return assemble(rows, results, self.tokenizer)

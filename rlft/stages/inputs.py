@@ -87,23 +87,6 @@ def user_rows(cfg, split: str) -> tuple[list[dict], str]:
     return loading.map_fields(rows, fields, required=[], source=name), name
 
 
-def check_verifiable(cfg, rows: list[dict], name: str) -> int:
-    """Rows whose gold answer cannot be checked (blank, or a worked solution with no '#### n' /
-    \\boxed{n}): a DataError naming the first, or with data.allow_unverifiable a count (returned)."""
-    from rlft.rewards.verifiers import extract_answer
-
-    bad = [loading.row_number(r, i) for i, r in enumerate(rows, start=1)
-           if extract_answer(str(r.get("answer") or "")) is None
-           and (not str(r.get("answer") or "").strip() or "\n" in str(r.get("answer")).strip())]
-    if bad and not cfg.data.allow_unverifiable:
-        raise loading.DataError(f"{name} row {bad[0]}: its answer has no final answer to check ('#### <n>' or "
-                                f"\\boxed{{n}}; {len(bad)} such rows); fix the data or set data.allow_unverifiable=true "
-                                "(their correctness is then 0)")
-    if bad:
-        print(f"[rlft] {name}: {len(bad)} row(s) without a checkable final answer (correctness 0)", flush=True)
-    return len(bad)
-
-
 def limit(cfg, rows: list, split: str) -> list:
     if split == "train" and cfg.data.max_train_rows:
         return rows[:cfg.data.max_train_rows]
@@ -163,10 +146,19 @@ def rows_of(cfg, shape: str, split: str) -> list[dict]:
 
 # ----------------------------------------------------------------------------- tokenised examples
 def sft_examples(cfg, tokenizer, split: str = "train") -> list[dict]:
-    """Prompt + response examples; one whose prompt fills train.max_seq_len (no response token left to
-    learn) is dropped, and counted."""
-    examples = [encode.encode_sft(tokenizer, render(cfg, tokenizer, r["prompt"]), r["response"],
-                                  cfg.train.max_seq_len) for r in qa_rows(cfg, split)]
+    """Prompt + demonstration examples from the environment (env=math: the row's response); one whose
+    prompt fills train.max_seq_len (no response token left to learn) is dropped, and counted."""
+    from rlft import envs
+
+    env = envs.build(cfg)
+    examples = []
+    for r in env.rows(split):
+        segments = env.demonstration(r)
+        prompt_text = render(cfg, tokenizer, r["prompt"])
+        if len(segments) == 1 and segments[0][1]:  # all trained: one encoding of the whole response
+            examples.append(encode.encode_sft(tokenizer, prompt_text, segments[0][0], cfg.train.max_seq_len))
+        else:
+            examples.append(encode.encode_segments(tokenizer, prompt_text, segments, cfg.train.max_seq_len))
     kept = [ex for ex in examples if sum(ex["loss_mask"][1:])]
     if len(kept) < len(examples):
         print(f"[rlft] {split}: dropped {len(examples) - len(kept)} example(s) whose prompt alone fills "

@@ -35,38 +35,36 @@ from rlft.data.encode import encode_prompt
 from rlft.engine import Engine, dist, save_hf_dir
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
-from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout.generate import Sampling
 from rlft.stages import common, inputs, policy_data
 from rlft.stages.reward import prm_loss, rm_loss, step_count
 
 
-def sample_records(ro) -> list[dict]:
-    """What the reward model needs from a scored rollout: text and verifier label."""
-    out = []
-    for row, text, prompt_text in zip(ro.rows, ro.completions, ro.prompt_texts):
-        gold = gold_answer(str(row.get("answer", "")))
-        out.append({"prompt": row["prompt"], "prompt_text": prompt_text, "completion": text, "gold": gold,
-                    "correct": answers_match(extract_answer(text), gold),
-                    "worked": L.worked_steps(row["response"]) if "response" in row else None})
-    return out
+def sample_records(stage, ro) -> list[dict]:
+    """What the reward model needs from a scored rollout: the text, its row and the environment's verdict."""
+    verdicts = stage.env.scores(ro.rows, ro.completions)
+    return [{"prompt": row["prompt"], "prompt_text": prompt_text, "completion": text, "row": row,
+             "correct": bool(v.correct)}
+            for row, text, prompt_text, v in zip(ro.rows, ro.completions, ro.prompt_texts, verdicts)]
 
 
 def hard_step_labels(stage, record: dict) -> list[int]:
-    """Hard label of each step of one completion: checked against the worked solution
+    """Hard label of each step of one completion: the environment's exact labels
     (`iterative.step_labels=exact`) or the Math-Shepherd estimate with the current policy (mc)."""
     steps, _ = split_steps(record["completion"])
     if stage.cfg.iterative.step_labels == "exact":
-        return L.exact_step_labels(steps, record["worked"], record["gold"])
+        return stage.env.step_labels(record["row"], steps)
     if record["correct"]:
         return [1] * len(steps)
     prefixes = L.step_prefixes(steps)
     n = stage.cfg.iterative.label_completions
     r = stage.cfg.rollout
     prompt_ids = [encode_prompt(stage.tokenizer, record["prompt_text"] + p) for p in prefixes]
-    gens = stage.generate(prompt_ids, n, Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
+    gens = stage.episodes([record["row"]] * len(prefixes), prompt_ids, n,
+                          Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
                           seed=len(record["completion"]) * 7919 + stage.ctx.info.rank)
-    hard, _ = L.mc_step_labels([gens.texts[j * n:(j + 1) * n] for j in range(len(prefixes))], prefixes, record["gold"])
+    hard, _ = L.mc_step_labels([gens.texts[j * n:(j + 1) * n] for j in range(len(prefixes))], prefixes,
+                               lambda text: stage.env.score(record["row"], text).correct)
     return hard
 
 

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from rlft import handoff
+from rlft import envs, handoff
 from rlft.data import labels as L
 from rlft.data.encode import encode_pair, encode_prompts, encode_steps, prompt_budget
 from rlft.engine import dist
+from rlft.envs import episodes
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
-from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
 from rlft.rollout.generate import Frozen, Sampling, build_engine
 from rlft.stages import inputs
 
@@ -41,6 +41,7 @@ class PolicySampler:
 
     def __init__(self, cfg, tokenizer, device):
         self.cfg, self.tokenizer = cfg, tokenizer
+        self.env = envs.build(cfg)
         path = handoff.resolve_model_path(cfg, cfg.algo.sample_from)
         self.model = load_model(cfg.model, path, tokenizer, seed=cfg.seed).to(device).eval()
         self.engine, why = build_engine(cfg, Frozen(self.model), tokenizer, device, seed=cfg.seed)
@@ -50,33 +51,35 @@ class PolicySampler:
         self.budget = prompt_budget(self.model, r.max_new_tokens)
         dist.print0(f"[rlft] {cfg.algo.name}: labelling samples of {path}; rollout engine: {why}")
 
-    def generate(self, texts: list[str], n: int, seed: int) -> list[list[str]]:
-        gens = self.engine.generate(encode_prompts(self.tokenizer, texts, self.budget, "reward-model samples"), n,
-                                    self.sampling, seed=seed)
+    def generate(self, texts: list[str], rows: list[dict], n: int, seed: int) -> list[list[str]]:
+        """n trajectories through the environment for each prompt text (rows: what the environment reads)."""
+        prompt_ids = encode_prompts(self.tokenizer, texts, self.budget, "reward-model samples")
+        gens = episodes.sample(self.engine, self.env, rows, prompt_ids, n, self.sampling, seed, self.tokenizer,
+                               episodes.limits(self.cfg, self.env, self.tokenizer))
         return [gens.texts[i * n:(i + 1) * n] for i in range(len(texts))]
 
     def close(self) -> None:
         self.engine.close()
 
 
-def questions(cfg, split: str, count: int) -> list[dict]:
-    """{prompt, gold, gold_steps (built-in task only)} for the first `count` questions of the split."""
-    rows = inputs.qa_rows(cfg, split)[:count or None]
+def questions(cfg, env, split: str, count: int) -> list[dict]:
+    """{row, gold_steps (built-in task only)} for the first `count` rows of the split."""
+    rows = env.rows(split)[:count or None]
     steps = [r["steps"] for r in inputs.builtin_rows(cfg, split)] if inputs.is_builtin(cfg) else [None] * len(rows)
-    return [{"prompt": r["prompt"], "gold": gold_answer(str(r["answer"])), "gold_steps": s}
-            for r, s in zip(rows, steps)]
+    return [{"row": r, "gold_steps": s} for r, s in zip(rows, steps)]
 
 
 def sample_records(sampler: PolicySampler, cfg, split: str, count: int) -> list[dict]:
-    """This rank's share of the questions, each with G labelled completions (G consecutive records)."""
+    """This rank's share of the questions, each with G completions judged by the environment (G consecutive
+    records)."""
     info = dist.info()
-    mine = questions(cfg, split, count)[info.rank::info.world_size]
-    texts = [inputs.render(cfg, sampler.tokenizer, q["prompt"]) for q in mine]
+    mine = questions(cfg, sampler.env, split, count)[info.rank::info.world_size]
+    texts = [inputs.render(cfg, sampler.tokenizer, q["row"]["prompt"]) for q in mine]
     torch.manual_seed(cfg.seed * 7 + SPLIT_SEED[split] * 1000 + info.rank)
-    samples = sampler.generate(texts, cfg.rollout.samples_per_prompt,
+    samples = sampler.generate(texts, [q["row"] for q in mine], cfg.rollout.samples_per_prompt,
                                seed=(cfg.seed * 1009 + SPLIT_SEED[split]) * 4099 + info.rank)
-    return [{"prompt_text": t, "completion": c, "gold": q["gold"], "gold_steps": q["gold_steps"],
-             "correct": bool(answers_match(extract_answer(c), q["gold"]))}
+    return [{"prompt_text": t, "completion": c, "row": q["row"], "gold_steps": q["gold_steps"],
+             "correct": bool(sampler.env.score(q["row"], c).correct)}
             for q, t, group in zip(mine, texts, samples) for c in group]
 
 
@@ -108,16 +111,18 @@ def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
             steps, _ = split_steps(r["completion"])
             if not steps:
                 continue
-            exact = L.exact_step_labels(steps, r["gold_steps"], r["gold"]) if r["gold_steps"] is not None else None
+            solves = lambda text, row=r["row"]: sampler.env.score(row, text).correct  # noqa: E731
+            exact = L.exact_step_labels(steps, r["gold_steps"], solves) if r["gold_steps"] is not None else None
             if a.labels == "exact":
                 labels = exact
             elif r["correct"]:  # its own completion reaches the gold answer from every prefix
                 labels = [1] * len(steps)
             else:
                 prefixes = L.step_prefixes(steps)
-                continuations = sampler.generate([r["prompt_text"] + p for p in prefixes], a.mc_completions,
+                continuations = sampler.generate([r["prompt_text"] + p for p in prefixes], [r["row"]] * len(prefixes),
+                                                 a.mc_completions,
                                                  seed=(cfg.seed * 31 + i) * 4099 + dist.info().rank)
-                labels, _ = L.mc_step_labels(continuations, prefixes, r["gold"])
+                labels, _ = L.mc_step_labels(continuations, prefixes, solves)
             if exact is not None and a.labels == "mc":
                 agree += sum(x == y for x, y in zip(labels, exact))
                 total += len(steps)

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from rlft import handoff
-from rlft.data.encode import encode_prompts, encode_sft, prompt_budget
+from rlft import envs, handoff
+from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.engine import Engine, dist
 from rlft.models import load_model, load_tokenizer
+from rlft.envs import episodes
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout.generate import Frozen, Sampling, build_engine
 from rlft.stages import common, inputs
 from rlft.stages.sft import response_token_count, sft_loss
 
 
-def dedupe(samples: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """Distinct (prompt index, completion) pairs, first occurrence kept, order preserved."""
+def dedupe(samples: list[tuple]) -> list[tuple]:
+    """Distinct samples (prompt index, completion, ...), first occurrence kept, order preserved."""
     seen, out = set(), []
     for key in samples:
         if key not in seen:
@@ -32,34 +33,45 @@ def dedupe(samples: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return out
 
 
-def collect(cfg, ctx, model, tokenizer) -> tuple[list[tuple[int, str]], dict]:
-    """Sampled, verified and de-duplicated (prompt index, completion) pairs, the same on every rank."""
+def collect(cfg, ctx, model, tokenizer) -> tuple[list[dict], dict]:
+    """Sampled, verified and de-duplicated trajectories as SFT examples (the sampled tokens themselves,
+    environment tokens untrained), the same on every rank."""
     a, info = cfg.algo, ctx.info
-    rows = inputs.qa_rows(cfg, "train")
+    env = envs.build(cfg)
+    rows = env.rows("train")
     rows = rows[:a.num_prompts] if a.num_prompts else rows
     mine = list(range(info.rank, len(rows), info.world_size))
     prompt_texts = [inputs.render(cfg, tokenizer, rows[i]["prompt"]) for i in mine]
     r = cfg.rollout
+    prompt_ids = encode_prompts(tokenizer, prompt_texts, prompt_budget(model, r.max_new_tokens), "rft")
     engine, why = build_engine(cfg, Frozen(model), tokenizer, info.device, seed=cfg.seed)
     dist.print0(f"[rlft] rollout engine: {why}")
     engine.sync_weights(0)
     torch.manual_seed(cfg.seed + info.rank)
-    gens = engine.generate(encode_prompts(tokenizer, prompt_texts, prompt_budget(model, r.max_new_tokens), "rft"),
-                           r.samples_per_prompt,
+    gens = episodes.sample(engine, env, [rows[i] for i in mine], prompt_ids, r.samples_per_prompt,
                            Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
-                           seed=cfg.seed * 1000 + info.rank)
+                           cfg.seed * 1000 + info.rank, tokenizer, episodes.limits(cfg, env, tokenizer))
     engine.sleep()
     owners = [mine[j] for j in gens.prompt_index]
-    rewards, _ = RewardSet(cfg, info.device)([rows[i]["prompt"] for i in owners],
-                                              [prompt_texts[j] for j in gens.prompt_index], gens.texts,
-                                              [rows[i] for i in owners])
-    kept = [(i, t) for i, t, r, trunc in zip(owners, gens.texts, rewards.tolist(), gens.truncated)
-            if r > a.rft_threshold and not trunc]
-    samples = dedupe(sorted(s for part in dist.all_gather_object(kept) for s in part))
+    rewards, _ = RewardSet(cfg, info.device, env)([rows[i]["prompt"] for i in owners],
+                                                   [prompt_texts[j] for j in gens.prompt_index], gens.texts,
+                                                   [rows[i] for i in owners])
+    weights = gens.token_mask or [[1] * len(c) for c in gens.completion_ids]
+    kept = [(i, tuple(c), tuple(w), j) for i, c, w, j, rew, trunc in
+            zip(owners, gens.completion_ids, weights, gens.prompt_index, rewards.tolist(), gens.truncated)
+            if rew > a.rft_threshold and not trunc]
+    local = [(i, c, w, tuple(prompt_ids[j])) for i, c, w, j in kept]
+    samples = dedupe(sorted(s for part in dist.all_gather_object(local) for s in part))
     n_sampled, n_kept = dist.all_reduce_sum([float(len(gens.texts)), float(len(kept))])
     stats = {"rft_sampled": n_sampled, "rft_correct": n_kept, "rft_unique": len(samples),
-             "rft_prompt_coverage": len({i for i, _ in samples}) / max(len(rows), 1)}
-    return [(rows[i], t) for i, t in samples], stats
+             "rft_prompt_coverage": len({s[0] for s in samples}) / max(len(rows), 1)}
+    return [example(list(p), list(c), list(w), cfg.train.max_seq_len) for _, c, w, p in samples], stats
+
+
+def example(prompt_ids: list[int], completion_ids: list[int], weights: list[int], max_len: int) -> dict:
+    """An SFT example of a sampled trajectory: its tokens as sampled, the loss on the model's tokens."""
+    ids, mask = prompt_ids + completion_ids, [0] * len(prompt_ids) + weights
+    return {"input_ids": ids[:max_len], "loss_mask": mask[:max_len], "truncated": len(ids) > max_len}
 
 
 def run(cfg, ctx: common.StageContext) -> dict:
@@ -73,8 +85,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     if not samples:
         raise common.StageError("rft: no sampled completion passed the verifier; raise rollout.samples_per_prompt "
                            "or start from a stronger model")
-    examples = [encode_sft(tokenizer, inputs.render(cfg, tokenizer, row["prompt"]), text, cfg.train.max_seq_len)
-                for row, text in samples]
+    examples = samples
     engine = Engine(cfg, model)
     summary = common.supervised_loop(ctx, engine, examples, response_token_count,
                                      lambda e, x, d: sft_loss(e, x, d, tokenizer.pad_token_id, cfg.train.packing))

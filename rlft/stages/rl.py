@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from rlft import handoff, microbatch
+from rlft import envs, handoff, microbatch
 from omegaconf import OmegaConf
 
 from rlft.algos import (ADVANTAGES, AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES,
@@ -40,6 +40,7 @@ from rlft.rollout import batch as rb
 from rlft.rollout.generate import Sampling, build_engine
 from rlft.rollout.logprobs import (chunk_rows, forward_logits, packed_logp, padding_fraction,
                                   response_start, selective_logp, token_logp)
+from rlft.envs import episodes
 from rlft.stages import common, inputs, iterative
 
 
@@ -102,17 +103,18 @@ class RLStage:
         self.kl_coef = float(self.a.kl_coef)
         self.kl_ctl = AdaptiveKLController(self.kl_coef, self.a.kl_target, self.a.kl_horizon) \
             if self.a.adaptive_kl else None
-        self.rewards = RewardSet(cfg, ctx.info.device)
+        self.env = envs.build(cfg)
+        self.rewards = RewardSet(cfg, ctx.info.device, self.env)
         self.step_prm = None  # process supervision: the PRM that scores every step (or the exact step verifier)
         self.step_scorer = None
         if ADVANTAGES.needs(self.a.advantage, "step_scores"):
             if cfg.reward.process == "exact":
-                self.step_scorer = ExactSteps()
+                self.step_scorer = ExactSteps(self.env)
             else:
                 self.step_prm = self.rewards.models.get("prm") or RewardSet.load_model(cfg, "prm", ctx.info.device)
                 self.step_scorer = self.step_prm
-        self.train_rows = inputs.qa_rows(cfg, "train")
-        self.test_rows = inputs.qa_rows(cfg, "test")[:self.a.eval_problems]
+        self.train_rows = self.env.rows("train")
+        self.test_rows = self.env.rows("test")[:self.a.eval_problems]
         r = cfg.rollout
         self.prompt_budget = prompt_budget(self.policy.module, r.max_new_tokens)
         self.sampling = Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
@@ -133,20 +135,29 @@ class RLStage:
         self.engine.sync_weights(self.policy.global_step)
         return self.engine.generate(prompt_ids, n, sampling, seed)
 
+    def episodes(self, rows: list[dict], prompt_ids: list[list[int]], n: int, sampling: Sampling, seed: int):
+        """n trajectories per row through the environment (one engine call for a single-turn one)."""
+        self.engine.sync_weights(self.policy.global_step)
+        return episodes.sample(self.engine, self.env, rows, prompt_ids, n, sampling, seed, self.tokenizer,
+                               episodes.limits(self.cfg, self.env, self.tokenizer))
+
     def sample(self, rows: list[dict], seed: int) -> rb.Rollout:
-        """G completions for each row, as padded tensors (no scores yet)."""
+        """G trajectories for each row, as padded tensors (no scores yet)."""
         G, tok = self.cfg.rollout.samples_per_prompt, self.tokenizer
         prompt_texts = [inputs.render(self.cfg, tok, r["prompt"]) for r in rows]
         prompt_ids = encode_prompts(tok, prompt_texts, self.prompt_budget, "rollout")
-        gens = self.generate(prompt_ids, G, self.sampling, seed)
+        gens = self.episodes(rows, prompt_ids, G, self.sampling, seed)
         self.samples_drawn += len(gens.texts)
         per_prompt = [prompt_ids[i] for i in gens.prompt_index]
-        ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id)
+        ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id, gens.token_mask)
+        episode = {} if gens.turns is None else \
+            {"turns": gens.turns, "tool_calls": gens.tool_calls, "tool_errors": gens.tool_errors}
         return rb.Rollout(rows=[rows[i] for i in gens.prompt_index],
                           prompt_texts=[prompt_texts[i] for i in gens.prompt_index],
                           completions=gens.texts, completion_ids=gens.completion_ids, input_ids=ids,
                           attention_mask=attn, mask=mask, truncated=torch.tensor(gens.truncated),
-                          prompt_lens=[len(p) for p in per_prompt], sampler_logp=gens.logp)
+                          prompt_lens=[len(p) for p in per_prompt], sampler_logp=gens.logp,
+                          token_mask=gens.token_mask, episode=episode)
 
     def score(self, ro: rb.Rollout) -> None:
         prompts = [r["prompt"] for r in ro.rows]
@@ -245,15 +256,13 @@ class RLStage:
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
     def greedy_accuracy(self) -> dict:
-        from rlft.rewards.verifiers import answers_match, extract_answer, gold_answer
-
         info, tok = self.ctx.info, self.tokenizer
         shard = self.test_rows[info.rank::info.world_size]
         prompt_ids = encode_prompts(tok, [inputs.render(self.cfg, tok, r["prompt"]) for r in shard], self.prompt_budget,
                                     "held-out accuracy")
-        gens = self.generate(prompt_ids, 1, Sampling(self.cfg.rollout.max_new_tokens, do_sample=False), 0)
+        gens = self.episodes(shard, prompt_ids, 1, Sampling(self.cfg.rollout.max_new_tokens, do_sample=False), 0)
         self.engine.sleep()
-        correct = sum(answers_match(extract_answer(t), gold_answer(r["answer"])) for t, r in zip(gens.texts, shard))
+        correct = sum(s.correct for s in self.env.scores(shard, gens.texts))
         correct, total = dist.all_reduce_sum([float(correct), float(len(shard))])
         return {"eval_greedy_accuracy": correct / max(total, 1.0)}
 
@@ -471,8 +480,12 @@ def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
     stats.add("reward_sq", float((ro.scores ** 2).sum()), n)
     for name, values in ro.per_source.items():
         stats.add(f"reward/{name}", sum(values), n)
-    lengths = [len(c) for c in ro.completion_ids]
-    stats.add("response_len", sum(lengths), n)
+    lengths = [sum(w) for w in ro.token_mask] if ro.token_mask is not None else [len(c) for c in ro.completion_ids]
+    stats.add("response_len", sum(lengths), n)  # tokens the model sampled (environment tokens not counted)
+    for name, values in ro.episode.items():  # multi-turn: turns, tool calls and tool errors per trajectory
+        stats.add(name, float(sum(values)), n)
+    if ro.episode:
+        stats.add("tool_use_frac", float(sum(c > 0 for c in ro.episode["tool_calls"])), n)
     stats.add("truncated_frac", float(ro.truncated.sum()), n)
     if ro.is_metrics:  # engine vs trainer log-probs on the response tokens
         tokens = float(ro.mask.sum())
@@ -527,7 +540,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
         times["update"] += time.time() - tic
         rollout_metrics(ro, stats, cfg.rollout.samples_per_prompt)
         if iterations > 1:
-            stage.samples_log.extend(iterative.sample_records(ro))
+            stage.samples_log.extend(iterative.sample_records(stage, ro))
         done = (r + 1) * steps_per_rollout
         rollouts_in_window += 1
         tracker.advance(steps_per_rollout)

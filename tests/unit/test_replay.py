@@ -70,10 +70,13 @@ def test_a_reward_model_without_kept_rows_has_no_history(tmp_path):
 def test_iteration_rows_with_exact_step_labels_need_no_continuations():
     """iterative.step_labels=exact: each step checked against the worked solution; as many correct as
     incorrect completions, at most label_budget incorrect ones; nothing is sampled."""
-    cfg = OmegaConf.create({"iterative": {"step_labels": "exact", "label_budget": 2}})
-    stage = SimpleNamespace(cfg=cfg, generate=None)  # generate=None: sampling continuations would fail
-    worked = ["5-1=4", "4*2=8"]
-    rec = {"prompt_text": "Q: ?\nA:\n", "gold": "8", "worked": worked}
+    from rlft.config import Config
+    from rlft.envs.math import MathEnv
+
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), {"iterative": {"step_labels": "exact", "label_budget": 2}})
+    # episodes=None: sampling continuations would fail
+    stage = SimpleNamespace(cfg=cfg, episodes=None, generate=None, env=MathEnv(cfg))
+    rec = {"prompt_text": "Q: ?\nA:\n", "row": {"prompt": "?", "response": "5-1=4\n4*2=8\n#### 8", "answer": "8"}}
     right = {**rec, "completion": "5-1=4\n4*2=8\n#### 8", "correct": True}
     slip = {**rec, "completion": "5-1=3\n3*2=6\n#### 6", "correct": False}
     late = {**rec, "completion": "5-1=4\n4*2=9\n#### 9", "correct": False}

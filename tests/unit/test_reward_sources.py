@@ -71,8 +71,10 @@ def test_load_user_function_errors_name_the_problem(spec, needles):
 
 # ----------------------------------------------------------------------------- RewardSet
 def reward_cfg(functions, weights=()):
-    return OmegaConf.create({"reward": {"functions": list(functions), "weights": list(weights),
-                                        "rm_path": "stage:rm", "prm_path": "stage:prm"}})
+    from rlft.config import Config
+
+    return OmegaConf.merge(OmegaConf.structured(Config),
+                           {"reward": {"functions": list(functions), "weights": list(weights)}})
 
 
 ROWS = [{"prompt": "Q: 1+2?", "answer": "1+2=3\n#### 3"}, {"prompt": "Q: 1+2?", "answer": "1+2=3\n#### 3"},

@@ -99,12 +99,17 @@ def test_a_single_file_holds_out_a_seeded_share():
 
 
 def test_unverifiable_answers_are_named_or_counted():
-    cfg = SimpleNamespace(data=SimpleNamespace(allow_unverifiable=False))
+    from omegaconf import OmegaConf
+
+    from rlft.config import Config
+    from rlft.envs.math import MathEnv
+
+    cfg = OmegaConf.structured(Config)
     rows = [{"answer": "2+2=4\n#### 4"}, {"answer": "42"}, {"answer": "work\nmore work"}, {"answer": "  "}]
     with pytest.raises(DataError, match=r"f.jsonl row 3: .*no final answer.*2 such rows.*allow_unverifiable"):
-        inputs.check_verifiable(cfg, rows, "f.jsonl")
+        MathEnv(cfg).check_rows(rows, "f.jsonl")
     cfg.data.allow_unverifiable = True
-    assert inputs.check_verifiable(cfg, rows, "f.jsonl") == 2
+    assert MathEnv(cfg).check_rows(rows, "f.jsonl") == 2
 
 
 def test_data_rows_name_the_mapped_column_and_drop_identical_pairs(capsys):

@@ -5,7 +5,6 @@ import pytest
 from rlft.rewards.verifiers import (
     REWARD_FUNCTIONS,
     answers_match,
-    correctness_reward,
     extract_answer,
     format_reward,
     gold_answer,
@@ -77,7 +76,13 @@ def test_gold_answer_accepts_full_gsm8k_solution_or_bare_value():
     assert gold_answer("  ") is None
 
 
-def test_correctness_reward():
+def test_the_math_environments_correctness():
+    from omegaconf import OmegaConf
+
+    from rlft.config import Config
+    from rlft.envs.math import MathEnv
+
+    env = MathEnv(OmegaConf.structured(Config))
     completions = [
         "step one\n#### 1,234",  # matches gold "1234" written with a comma
         "I think \\boxed{-5}",  # negative boxed answer
@@ -86,10 +91,8 @@ def test_correctness_reward():
         "#### 7\nwait, #### 8",  # last #### wins: 8 != 7
     ]
     gold = ["1234", "-5", "She pays 5/2 dollars.\n#### 2.5", "3", "7"]
-    rewards = correctness_reward(["p"] * 5, completions, answer=gold, unused_column=[0] * 5)
+    rewards = [s.reward for s in env.scores([{"answer": g} for g in gold], completions)]
     assert rewards == [1.0, 1.0, 1.0, 0.0, 0.0]
-    with pytest.raises(ValueError):
-        correctness_reward(["p"], ["#### 1"], answer=["1", "2"])
 
 
 def test_format_reward():
@@ -106,5 +109,4 @@ def test_format_reward():
 
 
 def test_reward_functions_are_registered():
-    assert REWARD_FUNCTIONS.get("correctness") is correctness_reward
     assert REWARD_FUNCTIONS.get("format") is format_reward

@@ -1,0 +1,130 @@
+"""`env=reasoning_gym`: procedural reasoning tasks of the reasoning-gym package, scored by their own code.
+
+    rlft train algo=grpo env=reasoning_gym env.task=chain_sum
+    rlft train algo=grpo env=reasoning_gym env.task=countdown env.task_config={min_numbers:3,max_numbers:4}
+    rlft train algo=grpo env=reasoning_gym env.tasks={chain_sum:1,basic_arithmetic:2}   # a weighted mix
+
+Rows are generated offline and seeded: the training split from one seed, the held-out split from
+another, and a training row whose question is also a held-out question is dropped, so the splits are
+disjoint. A row's prompt is the task's question (plus `env.instruction`); its answer is read from the
+completion (`#### <answer>`, `\\boxed{}` or `<answer>...</answer>`) and scored by the task's own
+`score_answer`, partial credit kept as the reward; correct means a full score. SFT demonstrations are
+the task's own answers (`#### <answer>`). With `env.tasks`, each task contributes rows in proportion to
+its weight, interleaved in a seeded order; `env.task_config` then maps task names to their options.
+"""
+from __future__ import annotations
+
+import random
+import re
+
+from rlft.envs.base import Environment, Score
+from rlft.rewards import verifiers as V
+
+SPLIT_SEEDS = {"train": 1, "test": 2}
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def task_weights(env_cfg) -> dict[str, float]:
+    tasks = dict(env_cfg.tasks) if env_cfg.tasks else {str(env_cfg.task): 1.0}
+    bad = {k: v for k, v in tasks.items() if not float(v) > 0}
+    if bad:
+        raise ValueError(f"env.tasks weights must be > 0, got {bad}")
+    return {str(k): float(v) for k, v in tasks.items()}
+
+
+def task_options(env_cfg, name: str, mixed: bool) -> dict:
+    options = dict(env_cfg.task_config or {})
+    if mixed:
+        options = dict(options.get(name) or {})
+    return {k: (list(v) if hasattr(v, "__iter__") and not isinstance(v, str) else v) for k, v in options.items()}
+
+
+def extract(completion: str) -> str | None:
+    """The completion's final answer: `#### a` or `\\boxed{a}` (the later), else the last <answer> tag."""
+    answer = V.extract_answer(completion)
+    if answer is None:
+        tags = _ANSWER_TAG.findall(completion or "")
+        answer = tags[-1].strip() if tags and tags[-1].strip() else None
+    return answer
+
+
+class ReasoningGymEnv(Environment):
+    name = "reasoning_gym"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        try:
+            import reasoning_gym
+        except ImportError as err:
+            raise RuntimeError(f"env=reasoning_gym needs the reasoning-gym package ({err}); "
+                               "pip install reasoning-gym") from None
+        self.rg = reasoning_gym
+        e = cfg.env
+        self.weights = task_weights(e)
+        unknown = [t for t in self.weights if t not in reasoning_gym.factory.DATASETS]
+        if unknown:
+            raise ValueError(f"env.task: unknown reasoning-gym task {unknown[0]!r}; e.g. "
+                             f"{', '.join(sorted(reasoning_gym.factory.DATASETS)[:12])}, ... "
+                             f"({len(reasoning_gym.factory.DATASETS)} tasks)")
+        self.instruction = str(e.instruction or "")
+        self.datasets: dict[tuple[str, str], object] = {}
+        self.entries: dict[tuple[str, str], list[dict]] = {}  # generated once: the scorer reads them
+        self._rows: dict[str, list[dict]] = {}
+
+    def dataset(self, task: str, split: str, size: int):
+        key = (task, split)
+        if key not in self.datasets:
+            seed = int(self.cfg.env.seed) * 1000 + SPLIT_SEEDS[split] * 97 + sorted(self.weights).index(task)
+            options = task_options(self.cfg.env, task, len(self.weights) > 1)
+            self.datasets[key] = self.rg.create_dataset(task, size=max(size, 1), seed=seed, **options)
+        return self.datasets[key]
+
+    def generated(self, split: str) -> list[dict]:
+        total = int(self.cfg.env.train_size if split == "train" else self.cfg.env.test_size)
+        weight_sum = sum(self.weights.values())
+        rows = []
+        for task, weight in sorted(self.weights.items()):
+            size = max(1, round(total * weight / weight_sum))
+            data = self.dataset(task, split, size)
+            entries = self.entries.setdefault((task, split), [data[i] for i in range(size)])
+            for i, entry in enumerate(entries):
+                prompt = entry["question"] + (f"\n{self.instruction}" if self.instruction else "")
+                rows.append({"prompt": prompt, "answer": str(entry["answer"]), "task": task, "_entry": [task, split, i]})
+        if len(self.weights) > 1:
+            random.Random(int(self.cfg.env.seed) + SPLIT_SEEDS[split]).shuffle(rows)
+        return rows
+
+    def rows(self, split: str) -> list[dict]:
+        if split not in self._rows:
+            rows = self.generated(split)
+            if split == "train":  # disjoint from the held-out questions
+                held = {r["prompt"] for r in self.rows("test")}
+                kept = [r for r in rows if r["prompt"] not in held]
+                if len(kept) < len(rows):
+                    print(f"[rlft] env=reasoning_gym: dropped {len(rows) - len(kept)} training row(s) whose question "
+                          "is also held out", flush=True)
+                rows = kept
+                limit = self.cfg.data.max_train_rows
+            else:
+                limit = self.cfg.data.max_test_rows
+            self._rows[split] = rows[:limit] if limit else rows
+        return self._rows[split]
+
+    def entry(self, row: dict) -> tuple[object, dict]:
+        """The task's dataset and entry behind a row (the scorer reads the entry's metadata)."""
+        task, split, index = row["_entry"]
+        if (task, split) not in self.datasets:
+            self.rows(split)
+        return self.datasets[(task, split)], self.entries[(task, split)][index]
+
+    def score(self, row: dict, completion: str) -> Score:
+        answer = extract(completion)
+        data, entry = self.entry(row)
+        try:
+            reward = float(data.score_answer(answer, entry)) if answer is not None else 0.0
+        except Exception:  # a task's scorer that cannot read this answer: no credit
+            reward = 0.0
+        return Score(reward=reward, correct=reward >= 1.0, answer=None if answer is None else answer.strip())
+
+    def demonstration(self, row: dict) -> list[tuple[str, bool]]:
+        return [(f"#### {row['answer']}", True)]

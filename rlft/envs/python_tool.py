@@ -1,0 +1,130 @@
+"""`env=python`: the model may run Python (multi-turn tool use, for real models).
+
+The model writes a fenced block
+
+    ```python
+    print(17 * 23)
+    ```
+
+and its turn ends at the closing fence (the stop string "```"; an opening fence ends nothing). The
+environment runs the block in a sandboxed subprocess (rlft/envs/sandbox.py: CPU-time, wall-time
+and memory limits, no network, a temporary working directory) and replies with its output, cut to
+`env.max_output_chars`, as a tool message (with a chat template: a `tool` turn rendered by the
+template once; without one: `<output>...</output>` text). A run that fails or breaks a limit replies
+with what it printed and why it stopped; the trajectory goes on. At most `env.max_turns` model turns.
+
+Rows and the final-answer check (`#### <answer>`) are env=math's; `env.instruction` is added to each
+question (the conf/env/python.yaml default explains the tool and the answer format).
+"""
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from rlft.envs import sandbox
+from rlft.envs.base import Reply
+from rlft.envs.calculator import CALL, calculate, with_calls
+from rlft.envs.math import MathEnv
+
+BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def last_block(transcript: str) -> str | None:
+    """The code of a fenced block that ends the transcript (trailing whitespace aside), else None."""
+    text = transcript.rstrip()
+    blocks = list(BLOCK.finditer(text))
+    if not blocks or blocks[-1].end() != len(text):
+        return None
+    return blocks[-1].group(1)
+
+
+def tool_text(result: sandbox.Result, max_chars: int) -> str:
+    out = result.output
+    if len(out) > max_chars:
+        out = out[:max_chars] + f"\n[output cut at {max_chars} characters]"
+    if result.error:
+        out += ("\n" if out and not out.endswith("\n") else "") + f"[stopped: {result.error}]"
+    return out or "[no output]"
+
+
+class PythonEnv(MathEnv):
+    """env=math's rows and answer check, with a sandboxed Python tool."""
+
+    name = "python"
+    stop = ("```",)
+    max_turns = 4
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        e = cfg.env
+        self.limits = sandbox.Limits(timeout_s=float(e.timeout_s), cpu_s=int(e.cpu_s), memory_mb=int(e.memory_mb))
+        self.max_output_chars = int(e.max_output_chars)
+        self.instruction = str(e.instruction or "")
+
+    def rows(self, split: str) -> list[dict]:
+        rows = super().rows(split)
+        if not self.instruction:
+            return rows
+        key = f"{split}+instruction"
+        if key not in self._rows:
+            self._rows[key] = [{**r, "prompt": with_instruction(r["prompt"], self.instruction)} for r in rows]
+        return self._rows[key]
+
+    def steps(self, rows: list[dict], transcripts: list[str]) -> list[Reply]:
+        """The trajectories' code runs side by side (each its own sandboxed process)."""
+        if len(rows) < 2:
+            return super().steps(rows, transcripts)
+        with ThreadPoolExecutor(max_workers=min(len(rows), os.cpu_count() or 2)) as pool:
+            return list(pool.map(self.step, rows, transcripts))
+
+    def demonstration(self, row: dict) -> list[tuple[str, bool]]:
+        """The worked solution with each calculation run as a python block (`print(expr)`), its output
+        supplied by the tool (not trained), then the final answer line. Rows with no calculation keep
+        their response as it is."""
+        text = str(row["response"])
+        calls = list(CALL.finditer(text if "<<" in text else with_calls(text)))
+        if not calls:
+            return super().demonstration(row)
+        segments = []
+        for m in calls:
+            result = printed(m.group(1))
+            segments.append((f"```python\nprint({m.group(1)})\n```", True))
+            segments.append((f"\n<output>\n{result}\n\n</output>\n", False))
+        final = [line for line in text.split("\n") if line.strip().startswith("####")]
+        answer = with_calls(final[-1]) if final else f"#### {row.get('answer', '')}"
+        last = calculate(calls[-1].group(1))[0]
+        segments.append((answer if "<<" in text else f"#### {last}", True))
+        return segments
+
+    def step(self, row: dict, transcript: str) -> Reply:
+        code = last_block(transcript)
+        if code is None:  # an opening fence, or a fence that closes no block: the turn goes on
+            return Reply()
+        result = sandbox.run(code, self.limits)
+        text = tool_text(result, self.max_output_chars)
+        return Reply(text=f"\n<output>\n{text}\n</output>\n", role="tool", content=text, error=result.error,
+                     tool_call=True)
+
+
+def printed(expr: str) -> str:
+    """What Python's print shows for an arithmetic expression: a float once `/` or a decimal is in it."""
+    from rlft.envs.calculator import evaluate
+
+    try:
+        value = evaluate(expr)
+    except ValueError:
+        return calculate(expr)[0]
+    return repr(float(value)) if "/" in expr or "." in expr else str(int(value))
+
+
+def with_instruction(prompt, instruction: str):
+    """The prompt with the instruction after its (last user) text."""
+    if isinstance(prompt, list):
+        messages = [dict(m) for m in prompt]
+        for m in reversed(messages):
+            if m.get("role") == "user":
+                m["content"] = f"{m['content']}\n{instruction}"
+                break
+        return messages
+    return f"{prompt}\n{instruction}"

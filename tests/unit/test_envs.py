@@ -1,0 +1,212 @@
+"""Environments (rlft/envs): the calculator's parser and tool, the math answer check (exact and
+math-verify), reasoning-gym rows and scores, the sandbox's limits, user environments by import
+path, and GAE over a trajectory whose environment tokens are not steps."""
+from __future__ import annotations
+
+import os
+import sys
+from fractions import Fraction
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rlft import envs
+from rlft.config import Config
+from rlft.envs import calculator as C
+from rlft.envs import sandbox
+from rlft.envs.math import MathEnv, answers_equal
+from rlft.envs.python_tool import PythonEnv, last_block, with_instruction
+from rlft.registry import UnknownNameError
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "data")
+
+
+def cfg_with(**env):
+    cfg = OmegaConf.structured(Config)
+    for key, value in env.items():
+        OmegaConf.update(cfg, f"env.{key}", value, merge=False)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- calculator
+@pytest.mark.parametrize("expr, value", [("48/2", 24), ("2*(3+4)", 14), ("-3+5", 2), ("1/3", Fraction(1, 3)),
+                                         ("1,000-1", 999), ("2.5*4", 10), ("((2))", 2), ("- -3", 3),
+                                         ("10-2*3+8/4", 6)])
+def test_the_calculator_evaluates_arithmetic_exactly(expr, value):
+    assert C.evaluate(expr) == value
+
+
+@pytest.mark.parametrize("expr, why", [("7/0", "division by zero"), ("2**3", "unexpected '*'"), ("", "empty"),
+                                       ("3+", "ends too early"), ("(1+2", "not closed"),
+                                       ("__import__('os').system('x')", "unexpected character"),
+                                       ("9" * 40, "more than 30 digits"), ("1+" * 150 + "1", "longer than 200")])
+def test_the_calculator_refuses_what_is_not_arithmetic(expr, why):
+    with pytest.raises(C.CalcError, match=why):
+        C.evaluate(expr)
+    assert C.calculate(expr)[0] == "?"
+
+
+def test_results_print_as_gsm8k_writes_them():
+    assert [C.format_number(Fraction(x)) for x in ("24", "-3", "1/2", "1/3", "2/3")] == \
+        ["24", "-3", "0.5", "0.333333", "0.666667"]
+
+
+def test_the_calculator_answers_an_open_call_and_ignores_other_equals_signs():
+    env = C.CalculatorEnv(cfg_with(name="calculator"))
+    assert env.stop == ("=",) and env.max_turns == 8
+    reply = env.step({}, "<<12+5=29>>\n<<29-7=")
+    assert (reply.text, reply.error, reply.tool_call, reply.done) == ("22>>", None, True, False)
+    assert env.step({}, "so 3+4=").text == ""  # no open call: the model's turn goes on
+    bad = env.step({}, "<<12/0=")
+    assert bad.text == "?>>" and "division by zero" in bad.error
+
+
+def test_calculator_demonstrations_leave_the_tools_results_untrained():
+    env = C.CalculatorEnv(cfg_with(name="calculator"))
+    # the built-in task's sloppy demonstration: 17+25 written as 32; the tool says 42, and the next
+    # line starts from the tool's value, so does the final answer
+    segments = env.demonstration({"response": "17+25=32\n32-7=25\n#### 25", "answer": "35"})
+    assert segments == [("<<17+25=", True), ("42>>", False), ("\n<<42-7=", True), ("35>>", False),
+                        ("\n#### 35", True)]
+    # GSM8K's own annotations are kept, their results recomputed by the tool
+    gsm = env.demonstration({"response": "She sold 48/2 = <<48/2=24>>24 clips.\n#### 24", "answer": "24"})
+    assert gsm == [("She sold 48/2 = <<48/2=", True), ("24>>", False), ("24 clips.\n#### 24", True)]
+    assert env.step_labels({"response": "2+3=5\n#### 5", "answer": "5"}, ["<<2+3=5>>", "#### 5"]) == [1, 1]
+
+
+# ----------------------------------------------------------------------------- math
+def test_the_math_answer_check_is_exact_for_numbers_and_math_verify_for_the_rest():
+    assert answers_equal("1,000", "1000") and answers_equal("0.50", "1/2")
+    assert not answers_equal("3", "4") and not answers_equal(None, "4")
+    assert answers_equal("\\frac{1}{2}", "0.5")
+    assert answers_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}")
+    assert not answers_equal("\\sqrt{2}/2", "\\frac{\\sqrt{3}}{2}")
+    assert not answers_equal("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", verifier="exact")
+    assert answers_equal("x+1", "1+x", verifier="math_verify")
+    env = MathEnv(cfg_with())
+    score = env.score({"answer": "Some work\n#### 12"}, "I think\n#### 12.0")
+    assert (score.reward, score.correct, score.answer) == (1.0, True, "12")
+    assert env.score({"answer": "\\frac{3}{4}"}, "so \\boxed{0.75}").correct
+
+
+def test_the_math_environment_serves_the_data_and_its_demonstrations():
+    env = MathEnv(cfg_with())
+    cfg = env.cfg
+    cfg.data.task.num_train, cfg.data.task.num_test = 50, 10
+    rows = env.rows("train")
+    assert len(rows) == 50 and env.rows("test")[0]["prompt"] not in {r["prompt"] for r in rows}
+    assert env.demonstration(rows[0]) == [(rows[0]["response"], True)]
+    with pytest.raises(ValueError, match="env.verifier='sympy' is not valid"):
+        MathEnv(cfg_with(verifier="sympy"))
+
+
+# ----------------------------------------------------------------------------- reasoning-gym
+def test_reasoning_gym_rows_are_seeded_disjoint_and_scored_by_the_task():
+    cfg = cfg_with(name="reasoning_gym", task="gsm_symbolic", train_size=60, test_size=20)
+    env = envs.build(cfg)
+    train, test = env.rows("train"), env.rows("test")
+    assert len(test) == 20 and 0 < len(train) <= 60
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    assert [r["prompt"] for r in envs.build(cfg).rows("test")] == [r["prompt"] for r in test]  # seeded
+    row = test[0]
+    right, wrong = env.score(row, f"work\n#### {row['answer']}"), env.score(row, "#### 123456789")
+    assert (right.reward, right.correct) == (1.0, True)
+    assert 0.0 < wrong.reward < 1.0 and not wrong.correct  # the task's partial credit for an answer, kept
+    assert env.score(row, "no answer").reward == 0.0
+    assert env.score(row, f"<answer>{row['answer']}</answer>").correct
+    assert env.demonstration(row) == [(f"#### {row['answer']}", True)]
+
+
+def test_reasoning_gym_tasks_mix_by_weight_with_their_own_options():
+    cfg = cfg_with(name="reasoning_gym", tasks={"chain_sum": 1, "basic_arithmetic": 3}, train_size=80, test_size=8,
+                   task_config={"chain_sum": {"min_terms": 2, "max_terms": 2}})
+    rows = envs.build(cfg).rows("test")
+    tasks = [r["task"] for r in rows]
+    assert tasks.count("chain_sum") == 2 and tasks.count("basic_arithmetic") == 6
+    assert all(r["prompt"].count("+") + r["prompt"].count(" - ") == 1 for r in rows if r["task"] == "chain_sum")
+    with pytest.raises(ValueError, match="unknown reasoning-gym task 'no_such_task'"):
+        envs.build(cfg_with(name="reasoning_gym", task="no_such_task"))
+
+
+# ----------------------------------------------------------------------------- user environments
+def test_a_user_environment_loads_by_import_path_and_bad_paths_are_one_line_errors():
+    sys.path.insert(0, DATA)
+    try:
+        env = envs.build(cfg_with(name="toy_env:CountA"))
+        assert env.name == "count_a" and env.max_turns == 3 and len(env.rows("train")) == 6
+        assert envs.build(cfg_with(name="toy_env:CountA", max_turns=2)).max_turns == 2
+    finally:
+        sys.path.remove(DATA)
+    for name, needle in [("nope", "unknown environment 'nope'; valid: math, calculator"),
+                         ("no_such_module:Env", "cannot import no_such_module"),
+                         ("os:path", "is not a subclass of rlft.envs.Environment")]:
+        with pytest.raises(UnknownNameError, match=needle) as err:
+            envs.env_class(name)
+        assert "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- python tool
+def test_python_blocks_are_found_only_when_they_close_the_turn():
+    assert last_block("Let me compute.\n```python\nprint(2+3)\n```") == "print(2+3)\n"
+    assert last_block("```python\nprint(2+3)\n```\n") == "print(2+3)\n"
+    assert last_block("Let me compute.\n```") is None  # an opening fence
+    assert with_instruction("Q?", "Use python.") == "Q?\nUse python."
+    assert with_instruction([{"role": "user", "content": "Q?"}], "Go.")[0]["content"] == "Q?\nGo."
+
+
+def test_the_python_tool_runs_code_and_returns_its_output_as_a_tool_message():
+    env = PythonEnv(cfg_with(name="python", instruction=""))
+    reply = env.step({}, "```python\nprint(17 * 23)\n```")
+    assert reply.tool_call and reply.error is None and reply.role == "tool"
+    assert reply.content == "391\n" and reply.text == "\n<output>\n391\n\n</output>\n"
+    assert env.step({}, "Let me use python.\n```").text == ""
+    crash = env.step({}, "```python\n1/0\n```")
+    assert "ZeroDivisionError" in crash.content and crash.error == "exit code 1"
+
+
+HOSTILE = {
+    "endless loop": ("while True: pass", "cpu time limit"),
+    "sleeping": ("import time; time.sleep(30)", "wall-clock limit"),
+    "fork bomb": ("import os\nwhile True: os.fork()", "exit code 1"),
+    "memory hog": ("x = bytearray(4 * 1024 ** 3)", "memory limit"),
+    "writing outside": ("open('/tmp/rlft-sandbox-escape', 'w').write('x')", "exit code 1"),
+    "opening a socket": ("import socket; socket.create_connection(('127.0.0.1', 22))", "exit code 1"),
+    "a subprocess": ("import subprocess; subprocess.run(['true'])", "exit code 1"),
+    "ctypes": ("import ctypes", "exit code 1"),
+    "flooding output": ("print('x' * 10 ** 7)", "output limit"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_code_is_contained_and_reported(case):
+    code, error = HOSTILE[case]
+    limits = sandbox.Limits(timeout_s=2.0, cpu_s=1, memory_mb=512)
+    result = sandbox.run(code, limits)
+    assert result.error is not None and result.error.startswith(error), (result.error, result.output[-300:])
+    assert result.seconds < 6
+    if error == "exit code 1":  # refused by the sandbox, which says what it refused
+        assert "sandbox:" in result.output
+    assert not os.path.exists("/tmp/rlft-sandbox-escape")
+
+
+def test_the_sandbox_keeps_its_own_working_directory():
+    result = sandbox.run("import os\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read(), os.getcwd())",
+                         sandbox.Limits())
+    assert result.error is None and result.output.startswith("hi /") and "rlft-sandbox-" in result.output
+    assert not os.path.exists(result.output.split()[1])  # removed afterwards
+
+
+# ----------------------------------------------------------------------------- GAE over tool outputs
+def test_gae_passes_over_environment_tokens():
+    from rlft.algos.value import gae
+
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.1, 0.2, 9.0, 9.0, 0.5]])
+    hole = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]])  # columns 2-3: a tool's output
+    adv, returns = gae(rewards, values, hole, 0.9, 0.8)
+    # the same as the trajectory without the environment's columns
+    adv_ref, returns_ref = gae(rewards[:, [0, 1, 4]], values[:, [0, 1, 4]], torch.ones(1, 3), 0.9, 0.8)
+    torch.testing.assert_close(adv[:, [0, 1, 4]], adv_ref)
+    torch.testing.assert_close(returns[:, [0, 1, 4]], returns_ref)
+    assert adv[0, 2:4].tolist() == [0.0, 0.0]
