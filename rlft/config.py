@@ -849,6 +849,9 @@ def validate(cfg) -> None:
     if algo_spec(cfg.algo).rl:
         validate_rl(cfg)
     check_unused_options(cfg)
+    from rlft.envs import env_class
+
+    env_class(str(cfg.env.name))  # an unknown environment or import path: one line, before anything starts
     _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
     validate_rollout(cfg.rollout)
     for key, value in [("train.max_steps", t.max_steps), ("train.batch_size", t.batch_size),

@@ -60,9 +60,10 @@ class Environment:
     max_turns: int = 1
     """Most model turns per trajectory (env.max_turns overrides it when > 0)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg=None):
+        """`cfg`: the run's config (rlft passes it; env.* holds the options)."""
         self.cfg = cfg
-        if cfg.env.max_turns:
+        if cfg is not None and cfg.env.max_turns:
             self.max_turns = int(cfg.env.max_turns)
 
     # ---------------------------------------------------------------- data

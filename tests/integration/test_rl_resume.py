@@ -3,6 +3,7 @@ the state beyond the policy that the run carries:
 
 * PPO: the critic (its own weights and optimizer, saved in the same checkpoint) and the adaptive
   KL coefficient;
+* multi-turn GRPO through an environment (its turns re-sampled exactly after the resume);
 * iterative GRPO with a PRM reward: the PRM retrained and the reference reset at the end of
   iteration 0 (reloaded from iterations/iter-0/), resumed inside iteration 1 and exactly at the
   boundary (where the checkpoint's samples of iteration 0 feed the PRM's retraining).
@@ -26,6 +27,9 @@ PPO = ["algo=ppo", "rollout.samples_per_prompt=1", "rollout.prompts_per_step=8",
        "rollout.max_new_tokens=16", "algo.eval_every=0", "algo.adaptive_kl=true", "algo.kl_target=0.01",
        "algo.kl_horizon=100", "train.max_steps=8", "train.save_every=4", "train.lr=1e-3", "critic.lr=1e-3",
        "reward.functions=[rl_user_reward:alternate]"]
+# multi-turn: every digit the model writes is answered by the environment (tests/data/toy_env.py)
+MULTI = ["algo=grpo", *RL_SMALL, "env.name=toy_env:DigitTool", "train.max_steps=4", "train.save_every=2",
+         "train.lr=1e-3", "algo.eval_every=0"]
 ITER = ["algo=grpo", *RL_SMALL, "iterative.iterations=2", "reward=prm", "train.max_steps=4", "train.save_every=1",
         "train.lr=1e-3", "iterative.rm_steps=2", "algo.eval_every=0"]
 
@@ -82,3 +86,16 @@ def test_iterative_resume_restores_the_retrained_prm_and_the_reference(root, res
     pa = load_safetensors(full / "iterations" / "iter-0" / "prm")
     pb = load_safetensors(part / "iterations" / "iter-0" / "prm")
     assert not changed_tensors(pa, pb, atol=1e-6)
+
+
+def test_a_multi_turn_run_resumes_to_the_uninterrupted_runs_weights(root):
+    full = run(root, "mt_full", MULTI)
+    part = run(root, "mt_part", MULTI)
+    interrupt_after(part, 2)
+    run(root, "mt_part", MULTI, "resume=true")
+    a, b = load_safetensors(full / "final"), load_safetensors(part / "final")
+    assert not changed_tensors(a, b, atol=1e-6), changed_tensors(a, b, atol=1e-6)[:5]
+    from conftest import read_metrics
+
+    recs = [r for r in read_metrics(full) if "turns" in r]
+    assert recs and all(r["turns"] > 1 for r in recs)  # the trajectories were multi-turn

@@ -16,7 +16,7 @@ import torch
 from conftest import TINY, check_ok, load_safetensors, read_metrics, run_cli, run_cli_retrying_abort, stage_dir
 from rl_helpers import RL_SMALL, USER_REWARD, rl_env
 
-from rlft.rollout.generate import vllm_available
+from rlft.rollout.generate import Sampling, vllm_available
 
 REASON = vllm_available()
 if REASON and os.environ.get("CI") == "true":
@@ -89,6 +89,40 @@ def test_vllm_and_hf_agree_greedy_and_the_engines_log_probs_are_the_trainers(set
         assert len({tuple(c) for c in gens.completion_ids}) > 4  # the samples differ
         gap, mask = trainer_logp(model, tok, prompts, gens, temperature)
         assert mask.sum() > 40 and float(gap.abs().max()) < 1e-5
+
+
+def test_multi_turn_trajectories_through_vllm_are_hfs_and_its_log_probs_the_trainers(setup):
+    """Greedy multi-turn trajectories (nearly every character ends a turn; the environment replies each
+    time) are the same token for token through both engines, and vLLM's log-probs of the model's tokens
+    equal the trainer's forward over the whole trajectory."""
+    import string
+
+    from rlft.envs import Environment, Reply, Score, episodes
+
+    class EveryChar(Environment):
+        name = "every_char"
+        stop = tuple(string.ascii_letters + string.digits + string.punctuation + " ")
+        max_turns = 4
+
+        def step(self, row, transcript):
+            return Reply(text="\n>", tool_call=True)
+
+        def score(self, row, completion):
+            return Score(0.0, False)
+
+    tok, model, engine, hf, prompts = setup
+    engine.sync_weights(0)
+    limits = episodes.Limits(max_turns=4, max_env_tokens=32)
+    outs = [episodes.sample(e, EveryChar(), [{}] * len(prompts), prompts, 2, Sampling(24, False), 0, tok, limits)
+            for e in (hf, engine)]
+    assert outs[0].completion_ids == outs[1].completion_ids and outs[0].token_mask == outs[1].token_mask
+    assert max(outs[1].turns) == 4 and any(0 in m for m in outs[1].token_mask)
+    gap, mask = trainer_logp(model, tok, prompts, outs[1])
+    from rlft.rollout import batch as rb
+
+    _, _, weights = rb.build_sequences([prompts[i] for i in outs[1].prompt_index], outs[1].completion_ids,
+                                       tok.pad_token_id, outs[1].token_mask)
+    assert float((gap.abs() * weights).max()) < 1e-4
 
 
 def test_sampling_is_seeded_per_request(setup):
