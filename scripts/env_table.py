@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""SFT and GRPO through each environment on the built-in tiny model, several seeds, one table.
+
+    python scripts/env_table.py                                   # math vs calculator, seeds 0,1,2
+    python scripts/env_table.py --rows gym_chain_sum,gym_basic_arithmetic --jobs 2
+    python scripts/env_table.py --dry-run                          # the commands, nothing run
+
+Each row is an environment (its overrides below). Its SFT model trains once on the environment's
+demonstrations; GRPO trains from it once per seed with `train.max_samples=<budget>` (equal samples
+for every row); every model is evaluated on the environment's held-out rows (greedy accuracy,
+pass@8, maj@8 and, for tool environments, how the samples used the tool). From the greedy
+completions the table also counts arithmetic slips: calculation lines `a op b = c` (or calculator
+calls `<<a op b=c>>`) whose written result is not the value of the written expression.
+
+Runs go to runs/<run>/envs/<row>/{sft,s<seed>}/, evaluations to runs/<run>/eval/<row>-{sft,s<seed>}/;
+finished ones are not redone. Writes runs/<run>/env_table.{md,csv}. Overrides after `--` go to every
+rlft command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROWS = {
+    "math": ["env=math"],
+    "calculator": ["env=calculator"],
+    "gym_chain_sum": ["env=reasoning_gym", "env.task=chain_sum", "env.task_config={min_terms:2,max_terms:3,"
+                      "min_digits:1,max_digits:2}"],
+    "gym_basic_arithmetic": ["env=reasoning_gym", "env.task=basic_arithmetic",
+                             "env.task_config={min_terms:2,max_terms:3,min_digits:1,max_digits:2}"],
+    "python": ["env=python", "env.instruction=", "rollout.max_new_tokens=128"],
+}
+CALC_LINE = re.compile(r"(?:<<)?\s*([-+*/().\d\s]*\d[-+*/().\d\s]*?)\s*=\s*(-?\d+(?:\.\d+)?)(?:>>)?\s*")
+
+
+def arithmetic_slips(text: str) -> tuple[int, int]:
+    """(calculation lines whose result is wrong, calculation lines) in one completion."""
+    from rlft.envs.calculator import CalcError, evaluate
+
+    wrong = total = 0
+    for line in text.split("\n"):
+        m = CALC_LINE.fullmatch(line.strip())
+        if not m:
+            continue
+        try:
+            value = evaluate(m.group(1))
+        except (CalcError, ZeroDivisionError, ValueError):
+            continue
+        total += 1
+        wrong += value != float(m.group(2))
+    return wrong, total
+
+
+def run(cmd: list[str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tic = time.time()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    status = "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode}), see {log}"
+    print(f"[env_table] {time.time() - tic:7.0f} s  {' '.join(cmd[3:6])} ... {status}", flush=True)
+    if proc.returncode:
+        raise SystemExit(f"command failed: {' '.join(cmd)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", default="env_table")
+    p.add_argument("--rows", default="math,calculator")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--budget", type=int, default=12800, help="GRPO training samples per run")
+    p.add_argument("--eval-problems", type=int, default=200)
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    rows = args.rows.split(",")
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"unknown row {unknown[0]!r}; valid: {', '.join(ROWS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    root = Path("runs") / args.run
+    rlft = [sys.executable, "-m", "rlft.cli"]
+    common = [f"run.name={args.run}", "logger.progress=false", "engine.threads_per_rank=1", *args.overrides]
+    evals = ["eval.samples=8", "eval.k=[1,8]", f"eval.num_problems={args.eval_problems}"]
+
+    def sft(row):
+        out = root / "envs" / row / "sft"
+        return out, rlft + ["train", "algo=sft", f"run.dir={out}", *ROWS[row], *common]
+
+    def grpo(row, seed):
+        out = root / "envs" / row / f"s{seed}"
+        return out, rlft + ["train", "algo=grpo", f"run.dir={out}", f"model.path={root / 'envs' / row / 'sft' / 'final'}",
+                            f"seed={seed}", f"train.max_samples={args.budget}", *ROWS[row], *common]
+
+    def evaluate(row, name, model):
+        return rlft + ["eval", f"model.path={model}", f"eval.tag={row}-{name}", *ROWS[row], *evals, *common]
+
+    def stage(out: Path, cmd: list[str]):
+        if args.dry_run:
+            print(" ".join(cmd))
+        elif not (out / "manifest.json").is_file():
+            run(cmd, out.with_name(out.name + ".log"))
+
+    def evaluated(row, name, model):
+        out = root / "eval" / f"{row}-{name}"
+        if args.dry_run:
+            print(" ".join(evaluate(row, name, model)))
+        elif not (out / "eval.json").is_file():
+            run(evaluate(row, name, model), root / "logs" / f"eval-{row}-{name}.log")
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(lambda r: stage(*sft(r)), rows))
+        jobs = [pool.submit(evaluated, r, "sft", sft(r)[0] / "final") for r in rows]
+        jobs += [pool.submit(lambda r, s: (stage(*grpo(r, s)), evaluated(r, f"s{s}", grpo(r, s)[0] / "final")), r, s)
+                 for r in rows for s in seeds]
+        for j in jobs:
+            j.result()
+    if args.dry_run:
+        return
+    write_table(root, rows, seeds)
+
+
+def figures(root: Path, row: str, name: str) -> dict:
+    out = root / "eval" / f"{row}-{name}"
+    m = json.loads((out / "eval.json").read_text())["metrics"]
+    slips = [arithmetic_slips(json.loads(line)["greedy"]["text"]) for line in open(out / "samples.jsonl")]
+    wrong, total = sum(w for w, _ in slips), sum(t for _, t in slips)
+    return {"greedy": m["greedy_accuracy"], "pass@8": m["pass@8"], "maj@8": m["maj@8"],
+            "tool_use": m.get("tool_use_rate"), "slips": wrong / total if total else None}
+
+
+def cell(values: list, scale: float = 100.0, digits: int = 1) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    mean = statistics.mean(values) * scale
+    return f"{mean:.{digits}f}" + (f" ± {statistics.stdev(values) * scale:.{digits}f}" if len(values) > 1 else "")
+
+
+def write_table(root: Path, rows: list[str], seeds: list[int]) -> None:
+    head = "| env | model | greedy % | pass@8 % | maj@8 % | tool use % | arithmetic slips % of lines | gain over SFT |"
+    lines = [head, "|" + "---|" * 8]
+    csv = ["env,model,greedy,pass@8,maj@8,tool_use,slips"]
+    for row in rows:
+        base = figures(root, row, "sft")
+        runs = [figures(root, row, f"s{s}") for s in seeds]
+        lines.append(f"| {row} | SFT | {cell([base['greedy']])} | {cell([base['pass@8']])} | {cell([base['maj@8']])} | "
+                     f"{cell([base['tool_use']])} | {cell([base['slips']])} | |")
+        gains = [r["greedy"] - base["greedy"] for r in runs]
+        lines.append(f"| {row} | GRPO ({len(seeds)} seeds) | {cell([r['greedy'] for r in runs])} | "
+                     f"{cell([r['pass@8'] for r in runs])} | {cell([r['maj@8'] for r in runs])} | "
+                     f"{cell([r['tool_use'] for r in runs])} | {cell([r['slips'] for r in runs])} | "
+                     f"{cell(gains)} |")
+        for name, f in [("sft", base)] + [(f"s{s}", r) for s, r in zip(seeds, runs)]:
+            csv.append(",".join([row, name] + ["" if f[k] is None else f"{f[k]:.4f}"
+                                               for k in ("greedy", "pass@8", "maj@8", "tool_use", "slips")]))
+    (root / "env_table.md").write_text("\n".join(lines) + "\n")
+    (root / "env_table.csv").write_text("\n".join(csv) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
