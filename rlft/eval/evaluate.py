@@ -63,15 +63,13 @@ def output_dir(cfg, model_ref: str) -> Path:
     return Path(cfg.run.root) / cfg.run.name / "eval" / tag
 
 
-def score_problems(env, problems: list[dict], greedy_texts: list[str], sampled_texts: list[list[str]],
-                   ks: list[int]) -> dict:
-    """Aggregate metrics from completions, judged by the environment (pure: no model)."""
-    greedy_ok = [v.correct for v in env.scores(problems, greedy_texts)]
-    out = {"num_problems": len(problems), "greedy_accuracy": sum(greedy_ok) / max(len(problems), 1)}
-    verdicts = [env.scores([p] * len(texts), texts) for p, texts in zip(problems, sampled_texts)]
+def score_problems(greedy: list, sampled: list[list], ks: list[int]) -> dict:
+    """Aggregate metrics from the environment's verdicts (Score) on each problem's greedy completion and
+    samples (pure: no model, no environment)."""
+    out = {"num_problems": len(greedy), "greedy_accuracy": sum(v.correct for v in greedy) / max(len(greedy), 1)}
     for k in ks:
         passes, majs = [], []
-        for judged in verdicts:
+        for judged in sampled:
             keys = [v.answer for v in judged]
             passes.append(pass_at_k(len(judged), sum(v.correct for v in judged), k))
             majs.append(maj_at_k_votes(keys, {v.answer for v in judged if v.correct}, k))
@@ -80,18 +78,16 @@ def score_problems(env, problems: list[dict], greedy_texts: list[str], sampled_t
     return out
 
 
-def sample_records(env, problems: list[dict], greedy_texts: list[str], sampled_texts: list[list[str]]) -> list[dict]:
-    """One record per problem: every completion with its extracted answer, reward and correctness, so the
-    figures can be recomputed from samples.jsonl alone."""
-    out = []
-    for p, greedy, texts in zip(problems, greedy_texts, sampled_texts):
-        def scored(text: str) -> dict:
-            v = env.score(p, text)
-            return {"text": text, "answer": v.answer, "reward": v.reward, "correct": bool(v.correct)}
+def sample_records(env, problems: list[dict], greedy_texts: list[str], sampled_texts: list[list[str]],
+                   greedy: list, sampled: list[list]) -> list[dict]:
+    """One record per problem: every completion with its extracted answer, reward and correctness (the
+    verdicts `score_problems` counted), so the figures can be recomputed from samples.jsonl alone."""
+    def scored(text: str, v) -> dict:
+        return {"text": text, "answer": v.answer, "reward": v.reward, "correct": bool(v.correct)}
 
-        out.append({"prompt": p["prompt"], "gold": env.gold(p), "greedy": scored(greedy),
-                    "samples": [scored(t) for t in texts]})
-    return out
+    return [{"prompt": p["prompt"], "gold": env.gold(p), "greedy": scored(g_text, g),
+             "samples": [scored(t, v) for t, v in zip(texts, judged)]}
+            for p, g_text, texts, g, judged in zip(problems, greedy_texts, sampled_texts, greedy, sampled)]
 
 
 def format_table(metrics: dict) -> str:
@@ -120,7 +116,9 @@ def evaluate_model(engine, model, tokenizer, cfg, problems: list[dict], env) -> 
                               Sampling(e.max_new_tokens, True, e.temperature, e.top_p, 0), e.seed + 1, tokenizer, limits)
     seconds = time.time() - tic
     grouped = [sampled.texts[i * e.samples:(i + 1) * e.samples] for i in range(len(problems))]
-    metrics = score_problems(env, problems, greedy.texts, grouped, list(e.k))
+    verdicts = (env.scores(problems, greedy.texts), [env.scores([p] * len(texts), texts)
+                                                     for p, texts in zip(problems, grouped)])
+    metrics = score_problems(*verdicts, list(e.k))
     lengths = [sum(w) for w in sampled.token_mask] if sampled.token_mask is not None else \
         [len(c) for c in sampled.completion_ids]
     metrics.update(
@@ -134,7 +132,7 @@ def evaluate_model(engine, model, tokenizer, cfg, problems: list[dict], env) -> 
                        tool_calls_per_sample=sum(sampled.tool_calls) / max(len(sampled.tool_calls), 1),
                        tool_error_rate=sum(sampled.tool_errors) / max(sum(sampled.tool_calls), 1),
                        mean_turns=sum(sampled.turns) / max(len(sampled.turns), 1))
-    return metrics, greedy, grouped
+    return metrics, greedy, grouped, verdicts
 
 
 def optional_model(cfg, ref: str, evaluated_path: str) -> str | None:
@@ -216,7 +214,7 @@ def eval_one(cfg, model_ref: str) -> dict:
     try:
         engine.sync_weights(0)  # started outside the timing below
         print(f"[rlft] rollout engine: {why}", flush=True)
-        metrics, greedy, grouped = evaluate_model(engine, model, tokenizer, cfg, problems, env)
+        metrics, greedy, grouped, verdicts = evaluate_model(engine, model, tokenizer, cfg, problems, env)
         if e.policy_samples:
             prompts = eval_prompts(cfg, tokenizer, problems, model)
             torch.manual_seed(e.seed + 1)
@@ -232,7 +230,8 @@ def eval_one(cfg, model_ref: str) -> dict:
                            "max_new_tokens": e.max_new_tokens, "policy_samples": e.policy_samples,
                            "reward_functions": list(cfg.reward.functions)}}
     handoff.write_json_atomic(out_dir / "eval.json", record)
-    handoff.write_jsonl_atomic(out_dir / "samples.jsonl", sample_records(env, problems, greedy.texts, grouped))
+    handoff.write_jsonl_atomic(out_dir / "samples.jsonl",
+                               sample_records(env, problems, greedy.texts, grouped, *verdicts))
     print(format_table(metrics))
     print(f"[rlft] wrote {out_dir / 'eval.json'}")
     return record
