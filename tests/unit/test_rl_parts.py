@@ -12,7 +12,7 @@ from rlft.algos import AGGREGATIONS, agg_denominator
 from rlft.engine import dist
 from rlft.rollout import batch as rb
 from rlft.stages import rft
-from rlft.stages import rl
+from rlft.stages import experience, rl, update
 from rlft.stages.common import Sums
 from rlft.data.labels import outcome_pairs
 
@@ -45,16 +45,16 @@ def one_rank():
 def test_global_denominator_needs_the_process_group(monkeypatch):
     monkeypatch.setattr(dist, "_INFO", None)
     with pytest.raises(RuntimeError, match=r"dist.init\(\) has not been called"):
-        rl.global_denominator(torch.ones(2, 3), 8)
+        update.global_denominator(torch.ones(2, 3), 8)
 
 
 def test_global_denominator_counts_on_one_rank(one_rank):
     assert one_rank.world_size == 1 and one_rank.rank == 0
     mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 0, 0, 1]], dtype=torch.float32)
-    d = rl.global_denominator(mask, 24)
+    d = update.global_denominator(mask, 24)
     assert (d.num_seqs, d.num_tokens, d.max_len) == (3.0, 6.0, 24.0)  # the all-masked row is not a sequence
     assert d == agg_denominator(mask, 24)
-    empty = rl.global_denominator(torch.zeros(2, 4), 5)
+    empty = update.global_denominator(torch.zeros(2, 4), 5)
     assert (empty.num_seqs, empty.num_tokens) == (0.0, 0.0)
 
 
@@ -65,7 +65,7 @@ def test_micro_batch_losses_with_the_global_denominator_add_up_to_the_batch_loss
     lengths = [6, 1, 3, 0, 2, 5, 4, 6]
     mask = torch.tensor([[1.0] * n + [0.0] * (6 - n) for n in lengths], dtype=torch.float64)
     fn = AGGREGATIONS.get(mode)
-    denom = rl.global_denominator(mask, 6)
+    denom = update.global_denominator(mask, 6)
     full = fn(loss, mask, denom)
     for micro in (1, 2, 3, 8):
         parts = sum(fn(loss[i:i + micro], mask[i:i + micro], denom) for i in range(0, 8, micro))
@@ -90,9 +90,9 @@ def test_entropy_matches_the_definition():
     logits = torch.randn(5, 3, 11, generator=g)
     p = torch.softmax(logits.double(), -1)
     want = -(p * p.log()).sum(-1)
-    got = rl.entropy(logits, rows_per_chunk=2)
+    got = update.entropy(logits, rows_per_chunk=2)
     assert got.shape == (5, 3) and (got.double() - want).abs().max().item() < 1e-5
-    assert abs(rl.entropy(torch.zeros(1, 1, 11)).item() - torch.log(torch.tensor(11.0)).item()) < 1e-5
+    assert abs(update.entropy(torch.zeros(1, 1, 11)).item() - torch.log(torch.tensor(11.0)).item()) < 1e-5
 
 
 def test_rollout_metrics(one_rank):
@@ -127,7 +127,7 @@ def test_merge_informative_replaces_all_equal_groups():
     extra = _rollout([0.0, 0.0, 0.5, 0.0, 1.0, 0.0], tag="b")   # groups: flat, informative, informative
     keep = torch.tensor([True, False, False])
     keep_extra = torch.tensor([False, True, True])
-    out = rl.merge_informative(ro, extra, keep, keep_extra, G, PAD)
+    out = experience.merge_informative(ro, extra, keep, keep_extra, G, PAD)
     assert out.completions == ["a0", "a1", "b2", "b3", "b4", "b5"]
     assert out.scores.tolist() == [1.0, 0.0, 0.5, 0.0, 1.0, 0.0]
     assert len(out) == len(ro)
@@ -138,7 +138,7 @@ def test_merge_informative_replaces_all_equal_groups():
 def test_merge_informative_fills_up_with_flat_groups_when_short():
     ro = _rollout([0.0, 0.0, 1.0, 0.0], tag="a")       # flat, informative
     extra = _rollout([1.0, 1.0, 0.0, 0.0], tag="b")    # flat, flat
-    out = rl.merge_informative(ro, extra, torch.tensor([False, True]), torch.tensor([False, False]), 2, PAD)
+    out = experience.merge_informative(ro, extra, torch.tensor([False, True]), torch.tensor([False, False]), 2, PAD)
     assert out.completions == ["a2", "a3", "a0", "a1"]
 
 
@@ -173,7 +173,7 @@ def test_dedupe_keeps_first_occurrence_in_order():
 # ----------------------------------------------------------------------------- engine-mismatch correction
 @pytest.mark.parametrize("correction", ["tis", "mis", "none"])
 def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
-    """RLStage.prepare with the engine's log-probs equal to the trainer's except one token, whose
+    """Experience.prepare with the engine's log-probs equal to the trainer's except one token, whose
     engine log-prob is 2 nats lower (ratio e^2 > C = 2): tis truncates that token's weight to 2, mis
     drops it from the mask (so from the loss and its counts); the gap metrics name it. With none and
     a rollout used once, the trainer's pi_old is not computed at all."""
@@ -187,17 +187,16 @@ def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
                                          num_attention_heads=1, num_key_value_heads=1)).eval()
     policy = type("Policy", (), {"device": torch.device("cpu"), "__call__": lambda self, **kw: model(**kw)})()
     ro = _rollout([1.0, 0.0, 1.0, 1.0])
-    trainer = rl.rollout_logp(policy, ro, 4, 1.0)
+    trainer = experience.rollout_logp(policy, ro, 4, 1.0)
     ro.sampler_logp = [trainer[i][ro.mask[i].bool()].tolist() for i in range(4)]
     ro.sampler_logp[1][0] -= 2.0
     cfg = OmegaConf.structured(Config)
     cfg.algo = OmegaConf.structured(RLConfig)
     cfg.rollout.samples_per_prompt, cfg.algo.kl_coef = 2, 0.0
     cfg.train.micro_batch_per_device = 4
-    stage = SimpleNamespace(a=cfg.algo, cfg=cfg, ctx=SimpleNamespace(info=one_rank), policy=policy, ref=None,
-                            critic=None, kl_coef=0.0, is_correction=correction)
+    exp = experience.Experience(cfg, one_rank, None, policy, is_correction=correction)
     mask_before = ro.mask.clone()
-    rl.RLStage.prepare(stage, ro)
+    exp.prepare(ro, kl_coef=0.0)
     col = ro.prompt_lens[1] - 1  # the first completion token of row 1
     if correction == "none":
         assert ro.old_logp is None and ro.is_weight is None and torch.equal(ro.mask, mask_before)

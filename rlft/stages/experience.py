@@ -1,0 +1,323 @@
+"""The experience step of online RL: from the policy's current weights to a rollout the update reads.
+
+Its phases, each timed and logged as `time/<phase>_s` (seconds per rollout):
+
+    sample      this rank's prompts, G trajectories each, through the environment (rollout engine)
+    score       rewards (the environment's, + reward.functions), the truncation policy, step scores
+                for process supervision; dynamic sampling repeats sample and score for all-equal groups
+    logprobs    old log-probs (when the batch is reused or the engine's log-probs are corrected),
+                reference log-probs (when the KL needs them), the engine-mismatch IS weights
+    values      the critic's values (estimators that declare "critic")
+    advantages  the registered estimator, or a pairwise loss's pair inputs
+
+`Experience` holds what those phases read (sampler, environment, rewards, reference, critic) and no
+training state: the update step (rlft.stages.update) owns the optimizer steps. Iterative RL swaps the
+reference and the reward models through `use_reference` and `scorers` (docs/algorithms.md §4).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from rlft import envs
+from rlft.algos import (ADVANTAGES, IS_CORRECTIONS, AdvantageConfig, AdvantageInputs, ISConfig,
+                        dynamic_sampling_keep_mask, pair_rollout_inputs)
+from rlft.data.encode import encode_prompts, prompt_budget
+from rlft.engine import dist
+from rlft.envs import episodes
+from rlft.microbatch import rollout_groups
+from rlft.models import token_scores
+from rlft.rewards.scoring import ExactSteps, RewardSet
+from rlft.rollout import batch as rb
+from rlft.rollout.generate import Sampling, build_engine
+from rlft.rollout.logprobs import packed_logp, response_start, token_logp
+from rlft.stages import common, inputs
+
+PHASES = ("sample", "score", "logprobs", "values", "advantages")
+
+
+def advantage_config(a, critic, kl_coef: float) -> AdvantageConfig:
+    """Estimator options (GAE's from the `critic` section); the KL goes into the reward only when
+    algo.kl_in=reward (PPO)."""
+    return AdvantageConfig(eps_adv=a.eps_adv, std_unbiased=a.std_unbiased, scale_by_std=a.scale_by_std,
+                           rft_threshold=a.rft_threshold, outcome_weight=a.outcome_weight,
+                           kl_coef=kl_coef if a.kl_in == "reward" else 0.0,
+                           kl_estimator=a.kl_estimator, gamma=critic.gamma, lam=critic.lam,
+                           whiten_advantages=critic.whiten_advantages, reduce=dist.sum_over_ranks)
+
+
+def reuses_rollout(a) -> bool:
+    """Whether the update reads the policy's log-probs at sampling time (pi_old): several passes or
+    minibatches over one rollout, the KL in the reward, or a pairwise loss's ratios."""
+    return (a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward"
+            or a.pairwise_loss is not None)
+
+
+@torch.no_grad()
+def rollout_logp(model, ro: rb.Rollout, micro: int, temperature: float, packed: bool = False,
+                 max_tokens: int = 0) -> torch.Tensor:
+    """Per-token log-probs [N, L-1] of the rollout's sequences under `model` (old or reference),
+    forward by forward (`micro` rows, or the token budget `max_tokens`), each trimmed to its longest
+    row with logits from its first response column on (`packed`: one padding-free forward each,
+    logits only at response tokens). Columns outside the response are not used."""
+    dev = model.device
+    out = torch.zeros(ro.mask.shape, device=dev)
+    for rows in rollout_groups(ro.attention_mask, 0, ro.input_ids.shape[0], micro, max_tokens, packed):
+        width = int(ro.attention_mask[rows].sum(-1).max())
+        ids, attn = ro.input_ids[rows, :width].to(dev), ro.attention_mask[rows, :width].to(dev)
+        mask = ro.mask[rows, :width - 1].to(dev)
+        if packed:
+            logp = packed_logp(model, ids, attn, mask, temperature)
+        else:
+            logp = token_logp(model, ids, attn, temperature, response_start(mask))
+        out[rows.to(dev), :width - 1] = logp.float()
+    return out
+
+
+@torch.no_grad()
+def batched_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro: int,
+                   max_tokens: int = 0, packed: bool = False) -> torch.Tensor:
+    """Critic values [N, L-1] aligned to targets: column p values the state before token p+1 (0 past
+    each forward's longest row)."""
+    out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    for rows in rollout_groups(attention_mask, 0, len(input_ids), micro, max_tokens, packed):
+        width = int(attention_mask[rows].sum(-1).max())
+        rows = rows.to(input_ids.device)
+        out[rows, :width - 1] = token_scores(critic.module, input_ids[rows, :width],
+                                             attention_mask[rows, :width])[:, :-1].float()
+    return out
+
+
+def is_correction(cfg, sampler) -> str:
+    """The engine-mismatch correction `rollout.is_correction` names; auto: tis for vLLM, whose log-probs
+    differ from the trainer's, none for the trainer's own forward (hf)."""
+    r = cfg.rollout
+    return r.is_correction if r.is_correction != "auto" else ("tis" if sampler.name == "vllm" else "none")
+
+
+def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int) -> list[int]:
+    """This rank's prompts: its share of every minibatch, minibatch by minibatch.
+
+    Minibatch k holds the same prompts whatever the world size, so an update with several
+    minibatches per rollout does not depend on the number of ranks."""
+    per_mb = len(indices) // minibatches
+    per_rank = per_mb // world
+    return [i for k in range(minibatches)
+            for i in indices[k * per_mb + rank * per_rank:k * per_mb + (rank + 1) * per_rank]]
+
+
+def merge_informative(ro: rb.Rollout, extra: rb.Rollout, keep: torch.Tensor, keep_extra: torch.Tensor,
+                      G: int, pad_id: int) -> rb.Rollout:
+    """Replace all-equal groups of `ro` by informative groups of `extra` (same batch size)."""
+    groups = [("ro", g) for g in range(len(keep)) if keep[g]]
+    groups += [("extra", g) for g in range(len(keep_extra)) if keep_extra[g]]
+    groups += [("ro", g) for g in range(len(keep)) if not keep[g]]  # fill up if still short
+    groups = groups[:len(keep)]
+    rows = [(ro if src == "ro" else extra, g * G + j) for src, g in groups for j in range(G)]
+    return rb.concat_rows(rows, pad_id)
+
+
+class Experience:
+    """The experience step on one rank. Built from its parts (`build` makes them from the config), so
+    a benchmark or a test can run the real phases with its own environment or models."""
+
+    def __init__(self, cfg, info: dist.DistInfo, tokenizer, policy, *, sampler=None, env=None, rewards=None,
+                 reference=None, critic=None, step_scorer=None, is_correction: str = "none"):
+        self.cfg, self.info, self.tokenizer, self.policy = cfg, info, tokenizer, policy
+        self.sampler, self.env, self.rewards = sampler, env, rewards
+        self.reference, self.critic, self.step_scorer = reference, critic, step_scorer
+        self.is_correction = is_correction
+        r = cfg.rollout
+        self.sampling = Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
+        self.train_rows = env.rows("train") if env is not None else []
+        self.test_rows = env.rows("test")[:cfg.algo.eval_problems] if env is not None else []
+        self.samples_drawn = 0  # completions this rank sampled for training (dynamic sampling's extra rounds too)
+        self.times = dict.fromkeys(PHASES, 0.0)  # seconds per phase since the last `take_times`
+
+    @classmethod
+    def build(cls, cfg, info: dist.DistInfo, tokenizer, policy, reference=None, critic=None) -> "Experience":
+        """The configured environment, rewards, step scorer and rollout engine around `policy`."""
+        env = envs.build(cfg)
+        rewards = RewardSet(cfg, info.device, env)
+        step_scorer = None
+        if ADVANTAGES.needs(cfg.algo.advantage, "step_scores"):  # process supervision
+            step_scorer = ExactSteps(env) if cfg.reward.process == "exact" else \
+                (rewards.models.get("prm") or RewardSet.load_model(cfg, "prm", info.device))
+        sampler, why = build_engine(cfg, policy, tokenizer, info.device, seed=cfg.seed)
+        r, correction = cfg.rollout, is_correction(cfg, sampler)
+        dist.print0(f"[rlft] rollout engine: {why}; importance-sampling correction: {correction}"
+                    + (f" ({r.is_level}, C={r.is_cap})" if correction != "none" else ""))
+        return cls(cfg, info, tokenizer, policy, sampler=sampler, env=env, rewards=rewards, reference=reference,
+                   critic=critic, step_scorer=step_scorer, is_correction=correction)
+
+    @property
+    def prompt_budget(self) -> int:
+        """Prompt tokens that leave room for max_new_tokens in the policy's context."""
+        return prompt_budget(self.policy.module, self.cfg.rollout.max_new_tokens)
+
+    # ------------------------------------------------------------------ what iterative RL swaps
+    def use_reference(self, reference) -> None:
+        """The model later KL terms are measured against (iterative RL resets it to the current policy)."""
+        self.reference = reference
+
+    def scorers(self) -> dict:
+        """The reward models in use by kind (rm, prm); each takes new weights through its `use`."""
+        out = dict(self.rewards.models)
+        if self.step_scorer is not None and not isinstance(self.step_scorer, ExactSteps):
+            out["prm"] = self.step_scorer
+        return out
+
+    # ------------------------------------------------------------------ timing
+    @contextmanager
+    def timed(self, phase: str):
+        tic = time.time()
+        try:
+            yield
+        finally:
+            self.times[phase] += time.time() - tic
+
+    def take_times(self) -> dict[str, float]:
+        """Seconds per phase since the last call (and start counting again)."""
+        out, self.times = self.times, dict.fromkeys(PHASES, 0.0)
+        return out
+
+    # ------------------------------------------------------------------ sample and score
+    def episodes(self, rows: list[dict], prompt_ids: list[list[int]], n: int, sampling: Sampling, seed: int):
+        """n trajectories per row through the environment from the policy's current weights (synced
+        into the engine first; one engine call per turn)."""
+        self.sampler.sync_weights(self.policy.global_step)
+        return episodes.sample(self.sampler, self.env, rows, prompt_ids, n, sampling, seed, self.tokenizer,
+                               episodes.limits(self.cfg, self.env, self.tokenizer))
+
+    def sample(self, rows: list[dict], seed: int) -> rb.Rollout:
+        """G trajectories for each row, as padded tensors (no scores yet)."""
+        with self.timed("sample"):
+            G, tok = self.cfg.rollout.samples_per_prompt, self.tokenizer
+            prompt_texts = [inputs.render(self.cfg, tok, r["prompt"]) for r in rows]
+            prompt_ids = encode_prompts(tok, prompt_texts, self.prompt_budget, "rollout")
+            gens = self.episodes(rows, prompt_ids, G, self.sampling, seed)
+            self.samples_drawn += len(gens.texts)
+            per_prompt = [prompt_ids[i] for i in gens.prompt_index]
+            ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id, gens.token_mask)
+            episode = {} if gens.turns is None else \
+                {"turns": gens.turns, "tool_calls": gens.tool_calls, "tool_errors": gens.tool_errors}
+            return rb.Rollout(rows=[rows[i] for i in gens.prompt_index],
+                              prompt_texts=[prompt_texts[i] for i in gens.prompt_index],
+                              completions=gens.texts, completion_ids=gens.completion_ids, input_ids=ids,
+                              attention_mask=attn, mask=mask, truncated=torch.tensor(gens.truncated),
+                              prompt_lens=[len(p) for p in per_prompt], sampler_logp=gens.logp,
+                              token_mask=gens.token_mask, episode=episode)
+
+    def score(self, ro: rb.Rollout) -> None:
+        """Total reward and the truncation policy; step scores when the estimator needs them."""
+        with self.timed("score"):
+            prompts = [r["prompt"] for r in ro.rows]
+            total, ro.per_source = self.rewards(prompts, ro.prompt_texts, ro.completions, ro.rows)
+            r = self.cfg.reward
+            ro.scores, ro.mask = rb.apply_truncation_policy(total, ro.mask, ro.truncated, r.truncation_policy,
+                                                            r.truncation_penalty)
+            if self.step_scorer is not None:
+                probs, char_ends = self.step_scorer.steps(ro.prompt_texts, ro.completions, ro.rows)
+                ro.step_scores = probs
+                ro.step_ends = [rb.step_columns(self.tokenizer, c, e, p) if e else []
+                                for c, e, p in zip(ro.completion_ids, char_ends, ro.prompt_lens)]
+
+    def rollout(self, rollout_index: int) -> rb.Rollout:
+        """Sample and score this rank's prompts; dynamic sampling refills all-equal groups."""
+        r, info = self.cfg.rollout, self.info
+        G = r.samples_per_prompt
+
+        def rank_rows(seed_offset: int) -> list[dict]:
+            idx = common.step_indices(rollout_index, r.prompts_per_step, len(self.train_rows),
+                                      self.cfg.seed + seed_offset)
+            mine = minibatch_shard(idx, self.cfg.algo.minibatches_per_rollout, info.rank, info.world_size)
+            return [self.train_rows[i] for i in mine]
+
+        def seed(round_: int) -> int:  # the engine's sampling seed (vllm; hf draws from torch's generator)
+            return ((self.cfg.seed * 1_000_003 + rollout_index) * 31 + round_) * 4099 + info.rank
+
+        ro = self.sample(rank_rows(0), seed(0))
+        self.score(ro)
+        if r.dynamic_sampling:
+            for round_ in range(1, r.max_sampling_rounds):
+                keep = dynamic_sampling_keep_mask(ro.scores, G)
+                if bool(keep.all()):
+                    break
+                extra = self.sample(rank_rows(7919 * round_), seed(round_))
+                self.score(extra)
+                ro = merge_informative(ro, extra, keep, dynamic_sampling_keep_mask(extra.scores, G), G,
+                                       self.tokenizer.pad_token_id)
+        self.sampler.sleep()  # a GPU engine frees its memory for the trainer until the next sync
+        return ro
+
+    # ------------------------------------------------------------------ what the update reads
+    def logprobs(self, ro: rb.Rollout) -> torch.Tensor | None:
+        """pi_old when the update reuses the rollout or the engine's log-probs are corrected; the
+        reference's when there is one; the IS weights of the correction, and the mask of the tokens it
+        keeps (None: all)."""
+        keep = None
+        with self.timed("logprobs"):
+            t, temperature = self.cfg.train, self.cfg.rollout.temperature
+            micro, budget = t.micro_batch_per_device, t.max_tokens_per_micro_batch
+            if reuses_rollout(self.cfg.algo) or self.is_correction != "none":
+                ro.old_logp = rollout_logp(self.policy, ro, micro, temperature, t.packing, budget)
+            if self.reference is not None:
+                ro.ref_logp = rollout_logp(self.reference, ro, micro, temperature, t.packing, budget)
+            if ro.old_logp is not None and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
+                r = self.cfg.rollout
+                engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])
+                ro.is_weight, keep, ro.is_metrics = IS_CORRECTIONS.get(self.is_correction)(
+                    ro.old_logp, engine_logp, ro.mask, ISConfig(r.is_level, r.is_cap))
+        return keep
+
+    def values(self, ro: rb.Rollout) -> None:
+        if self.critic is None:
+            return
+        with self.timed("values"):
+            t, dev = self.cfg.train, self.info.device
+            ro.values = batched_values(self.critic, ro.input_ids.to(dev), ro.attention_mask.to(dev),
+                                       t.micro_batch_per_device, t.max_tokens_per_micro_batch, t.packing)
+
+    def advantages(self, ro: rb.Rollout, kl_coef: float, keep: torch.Tensor | None = None) -> None:
+        """The registered estimator's advantages (and returns), or a pairwise loss's pair inputs; then the
+        tokens the IS correction dropped (`keep` 0) leave the mask, so the loss and its counts."""
+        with self.timed("advantages"):
+            a, G = self.cfg.algo, self.cfg.rollout.samples_per_prompt
+            if a.pairwise_loss is not None:
+                ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp,
+                                                                              ro.mask, G, kl_coef)
+            else:
+                batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=G, step_ends=ro.step_ends,
+                                        step_scores=ro.step_scores, old_logp=ro.old_logp, ref_logp=ro.ref_logp,
+                                        values=ro.values)
+                out = ADVANTAGES.get(a.advantage)(batch, advantage_config(a, self.cfg.critic, kl_coef))
+                ro.adv, ro.returns = out.adv.float(), out.returns
+                if keep is not None:
+                    ro.mask = keep.to(ro.mask.dtype)
+
+    def prepare(self, ro: rb.Rollout, kl_coef: float) -> None:
+        """Everything the update reads, from a scored rollout."""
+        keep = self.logprobs(ro)
+        self.values(ro)
+        self.advantages(ro, kl_coef, keep)
+
+    def collect(self, rollout_index: int, kl_coef: float) -> rb.Rollout:
+        """One rollout, sampled, scored and prepared for the update."""
+        ro = self.rollout(rollout_index)
+        self.prepare(ro, kl_coef)
+        return ro
+
+    # ------------------------------------------------------------------ eval
+    @torch.no_grad()
+    def greedy_accuracy(self) -> dict:
+        info, tok = self.info, self.tokenizer
+        shard = self.test_rows[info.rank::info.world_size]
+        prompt_ids = encode_prompts(tok, [inputs.render(self.cfg, tok, r["prompt"]) for r in shard], self.prompt_budget,
+                                    "held-out accuracy")
+        gens = self.episodes(shard, prompt_ids, 1, Sampling(self.cfg.rollout.max_new_tokens, do_sample=False), 0)
+        self.sampler.sleep()
+        correct = sum(s.correct for s in self.env.scores(shard, gens.texts))
+        correct, total = dist.all_reduce_sum([float(correct), float(len(shard))])
+        return {"eval_greedy_accuracy": correct / max(total, 1.0)}

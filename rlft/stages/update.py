@@ -1,0 +1,224 @@
+"""The update step of online RL: optimizer steps on one prepared rollout (rlft.stages.experience).
+
+    policy    mu passes (`algo.updates_per_rollout`) of `algo.minibatches_per_rollout` optimizer steps:
+              the registered per-token policy loss (+ kl_coef x KL to the reference when algo.kl_in=loss),
+              or, with `algo.pairwise_loss`, a PAIRWISE_LOSSES entry on pairs of completions
+    critic    the same optimizer steps of the value loss (PPO), after the policy's
+
+Every micro-batch loss is normalised by the counts of its whole minibatch on all ranks, so an update
+does not depend on micro-batch size, gradient accumulation or world size (docs/algorithms.md §1).
+The critic reads only the rollout (its values and returns at sampling time), so stepping it after the
+policy rather than between the policy's micro-batches changes nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlft.algos import (AGGREGATIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES, AggDenominator, PairBatch,
+                        PairCounts, PairLossConfig, PolicyLossConfig)
+from rlft.algos.value import value_loss
+from rlft.engine import dist
+from rlft.microbatch import rollout_groups
+from rlft.models import token_scores
+from rlft.rollout import batch as rb
+from rlft.rollout.logprobs import chunk_rows, forward_logits, packed_logp, padding_fraction, response_start, selective_logp
+from rlft.stages.common import Sums
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How the update walks a rollout: the algorithm's passes and minibatches, its groups, and how each
+    optimizer step is cut into forwards (`micro` rows or the token budget `max_tokens`; `packed`:
+    padding-free forwards)."""
+    algo: object  # cfg.algo: losses, clip ranges, updates_per_rollout, minibatches_per_rollout, shuffle
+    group_size: int
+    temperature: float
+    max_new_tokens: int
+    micro: int
+    max_tokens: int = 0
+    packed: bool = False
+
+    @classmethod
+    def of(cls, cfg) -> "Shape":
+        t, r = cfg.train, cfg.rollout
+        return cls(cfg.algo, r.samples_per_prompt, r.temperature, r.max_new_tokens, t.micro_batch_per_device,
+                   t.max_tokens_per_micro_batch, t.packing)
+
+
+class Update:
+    """The update step of one rank: the policy's optimizer steps (per-token or pairwise), then the critic's."""
+
+    def __init__(self, cfg, policy, critic=None):
+        self.cfg, self.policy, self.critic = cfg, policy, critic
+        self.shape = Shape.of(cfg)
+
+    def __call__(self, ro: rb.Rollout, stats: Sums, rollout_index: int, kl_coef: float) -> None:
+        seed = (self.cfg.seed * 1_000_003 + rollout_index) * 4099 + dist.info().rank  # minibatch shuffles
+        if self.cfg.algo.pairwise_loss is not None:
+            update_pairwise(self.policy, ro, stats, self.shape, self.cfg.pairwise, kl_coef, seed)
+        else:
+            update_policy(self.policy, ro, stats, self.shape, kl_coef, seed)
+        if self.critic is not None:
+            update_critic(self.critic, ro, stats, self.shape, self.cfg.critic.value_clip, seed)
+
+
+def micro_inputs(ro: rb.Rollout, rows, device) -> tuple:
+    """One micro-batch of the rollout (rows: a slice or row indices) trimmed to its longest row:
+    (ids, attention mask, cols, response mask). `cols` are the target columns from its first response
+    token on and select those columns from any [N, L-1] rollout tensor (old/ref log-probs, advantages,
+    values)."""
+    width = int(ro.attention_mask[rows].sum(-1).max())
+    ids, attn = ro.input_ids[rows, :width].to(device), ro.attention_mask[rows, :width].to(device)
+    cols = slice(response_start(ro.mask[rows, :width - 1]), width - 1)
+    return ids, attn, cols, ro.mask[rows, cols].to(device)
+
+
+def micro_forward(policy, ro: rb.Rollout, rows, temperature: float, packed: bool = False):
+    """One micro-batch through the policy (with grad): (ids, attention mask, cols, response mask, token
+    entropy (no grad), per-token log-probs), as `micro_inputs`. `packed`: one padding-free forward
+    (train.packing), the same values."""
+    ids, attn, cols, mask = micro_inputs(ro, rows, policy.device)
+    if packed:
+        full_mask = ro.mask[rows, :ids.shape[1] - 1].to(policy.device)
+        logp, extra = packed_logp(policy, ids, attn, full_mask, temperature, ("entropy",))
+        return ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
+    logits = forward_logits(policy, ids, attn, cols.start, temperature)
+    return ids, attn, cols, mask, entropy(logits.detach()), selective_logp(logits, ids[:, cols.start + 1:])
+
+
+def epoch_rollout(ro: rb.Rollout, a, group_size: int, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
+    """The rollout as pass `epoch` sees it: with algo.shuffle_minibatches, this rank's groups in a
+    fresh seeded order, so each pass cuts different minibatches."""
+    if shuffle_seed is None or not a.shuffle_minibatches:
+        return ro
+    return rb.take(ro, rb.group_shuffle_order(len(ro), group_size, shuffle_seed * 101 + epoch))
+
+
+def optimizer_steps(rollout: rb.Rollout, a, group_size: int, shuffle_seed: int | None):
+    """(the rollout as this pass orders it, first row, rows) of each optimizer step: mu passes
+    (`algo.updates_per_rollout`) of `algo.minibatches_per_rollout` steps each."""
+    n = len(rollout)
+    per_mb = n // a.minibatches_per_rollout
+    for epoch in range(a.updates_per_rollout):
+        ro = epoch_rollout(rollout, a, group_size, epoch, shuffle_seed)
+        for start in range(0, n, per_mb):
+            yield ro, start, per_mb
+
+
+def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: float,
+                  shuffle_seed: int | None = None) -> None:
+    """The policy's optimizer steps with the registered per-token loss. With `ro.is_weight` (the
+    engine-mismatch correction) each token's policy loss is reweighted before the KL term is added;
+    the KL to the reference is measured whenever the rollout has reference log-probs and enters the
+    loss with algo.kl_in=loss."""
+    a, dev = shape.algo, policy.device
+    policy_loss = POLICY_LOSSES.get(a.policy_loss)
+    aggregate = AGGREGATIONS.get(a.loss_agg)
+    kl_fn = KL_ESTIMATORS.get(a.kl_estimator)
+    pl_cfg = PolicyLossConfig(a.clip_eps_low, a.clip_eps_high, a.dual_clip_c)
+    for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
+        denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
+        groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)
+        stats.add("micro_batches", len(groups), 1)  # forwards per rank in this optimizer step
+        for k, rows in enumerate(groups):
+            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed)
+            add_padding(stats, attn, shape.packed)
+            old = ro.old_logp[rows, cols].to(dev) if ro.old_logp is not None else None
+            loss_tok, metrics = policy_loss(logp, old, ro.adv[rows, cols].to(dev), mask, pl_cfg)
+            if ro.is_weight is not None:
+                loss_tok = loss_tok * ro.is_weight[rows, cols].to(dev)
+            tokens = mask.sum().item()
+            if ro.ref_logp is not None:
+                kl = kl_fn(logp, ro.ref_logp[rows, cols].to(dev))
+                if a.kl_in == "loss":
+                    loss_tok = loss_tok + kl_coef * kl
+                stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
+            policy.backward(aggregate(loss_tok, mask, denom), last=k == len(groups) - 1)
+            policy.step()
+            stats.add("clipfrac", metrics["clipfrac"].item() * tokens, tokens)
+            stats.add("entropy", masked_sum_f(ent, mask), tokens)
+
+
+def update_critic(critic, ro: rb.Rollout, stats: Sums, shape: Shape, value_clip: float,
+                  shuffle_seed: int | None = None) -> None:
+    """The critic's optimizer steps (clipped value loss on the rollout's returns), over the same
+    minibatches and forwards as the policy's."""
+    a, dev = shape.algo, critic.device
+    for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
+        denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
+        groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)
+        for k, rows in enumerate(groups):
+            ids, attn, cols, mask = micro_inputs(ro, rows, dev)
+            tokens = mask.sum().item()
+            values = token_scores(critic.module, ids, attn)[:, :-1][:, cols.start:]
+            vloss, vm = value_loss(values, ro.values[rows, cols].to(dev), ro.returns[rows, cols].to(dev), mask,
+                                   value_clip, denom)
+            critic.backward(vloss, last=k == len(groups) - 1)
+            critic.step()
+            stats.add("value_loss", vloss.item() * denom.num_tokens, tokens)
+            stats.add("vf_explained_var", vm["vf_explained_var"].item() * tokens, tokens)
+            stats.add("vf_clipfrac", vm["vf_clipfrac"].item() * tokens, tokens)
+
+
+def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise, kl_coef: float,
+                    shuffle_seed: int | None = None) -> None:
+    """Pairwise updates on rows (2j, 2j+1) with the PAIRWISE_LOSSES entry `algo.pairwise_loss`
+    (P3O §10, online DPO §9); each micro-batch's loss is normalised by its optimizer step's counts."""
+    a, dev = shape.algo, policy.device
+    loss_fn = PAIRWISE_LOSSES.get(a.pairwise_loss)
+    cfg = PairLossConfig(eps=a.clip_eps_low, c=pairwise.c, kl_coef=kl_coef, kl_at=str(pairwise.kl_at),
+                         avg_tokenwise=pairwise.avg_tokenwise, beta=pairwise.beta,
+                         length_normalize=pairwise.length_normalize)
+    for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
+        m = ro.mask[start:start + per_mb]
+        untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
+        pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
+        counts = PairCounts(pairs=pairs, tokens=tokens, untied=untied)
+        groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed, unit=2)
+        stats.add("micro_batches", len(groups), 1)
+        for k, rows in enumerate(groups):
+            pl = rows[0::2] // 2  # rows (2j, 2j+1) are pair j
+            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed)
+            add_padding(stats, attn, shape.packed)
+            ref = ro.ref_logp[rows, cols].to(dev) if ro.ref_logp is not None else None
+            batch = PairBatch(logp=logp, old_logp=ro.old_logp[rows, cols].to(dev), mask=mask, ref_logp=ref,
+                              scores=ro.pair_scores[pl].to(dev), s_ref=ro.pair_s_ref[pl].to(dev),
+                              delta=ro.delta[pl].to(dev))
+            loss, metrics = loss_fn(batch, cfg, counts)
+            policy.backward(loss, last=k == len(groups) - 1)
+            policy.step()
+            stats.add_all(metrics)
+            tokens_here = mask.sum().item()
+            stats.add("entropy", masked_sum_f(ent, mask), tokens_here)
+            if ref is not None:
+                stats.add("kl", masked_sum_f(batch.old_logp - ref, mask), tokens_here)
+
+
+def add_padding(stats: Sums, attention_mask: torch.Tensor, packed: bool) -> None:
+    """padding_frac: the share of the update forwards' positions that are padding (0 when packed)."""
+    positions = float(attention_mask.numel())
+    stats.add("padding_frac", 0.0 if packed else padding_fraction(attention_mask) * positions, positions)
+
+
+def masked_sum_f(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum())
+
+
+def entropy(logits: torch.Tensor, rows_per_chunk: int | None = None) -> torch.Tensor:
+    """Token entropy [B, T] of the policy's distribution, a few rows at a time in fp32 (as many as
+    fit in logprobs.CHUNK_BYTES unless given)."""
+    out = []
+    for lg in logits.split(rows_per_chunk or chunk_rows(logits)):
+        lg = lg.float()
+        logp = lg - torch.logsumexp(lg, -1, keepdim=True)
+        out.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(out)
+
+
+def global_denominator(mask: torch.Tensor, max_len: int) -> AggDenominator:
+    """Sequence and token counts of an optimizer step's minibatch, summed over ranks."""
+    lengths = mask.sum(-1)
+    seqs, tokens = dist.all_reduce_sum([float((lengths > 0).sum()), float(lengths.sum())])
+    return AggDenominator(num_seqs=seqs, num_tokens=tokens, max_len=float(max_len))
