@@ -89,11 +89,11 @@ def run_hydra(task, args: list[str]) -> None:
     import hydra
 
     from rlft.config import register_schemas
-    from rlft.overrides import conf_dir
+    from rlft.overrides import conf_dir, replace_dicts
 
     register_schemas()
     saved = sys.argv
-    sys.argv = ["rlft"] + args
+    sys.argv = ["rlft"] + replace_dicts(args)
     try:
         hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)()
     finally:

@@ -149,6 +149,23 @@ def _parses(value: str, kind: type) -> bool:
     return True
 
 
+def free_form_dicts() -> set[str]:
+    """Config keys whose value is the user's own mapping (a dict-typed field: env.task_config, env.options)."""
+    out = set()
+    for section, schema in SECTIONS.items():
+        if dataclasses.is_dataclass(schema):
+            out |= {f"{section}.{name}" for name, hint in typing.get_type_hints(schema).items()
+                    if hint is dict or typing.get_origin(hint) is dict}
+    return out
+
+
+def replace_dicts(args: list[str]) -> list[str]:
+    """`key={...}` for a free-form dict key as `++key={...}`: the mapping replaces the default, where Hydra
+    would merge it into the (empty, struct) default and refuse every new key."""
+    keys = free_form_dicts()
+    return [f"++{arg}" if arg.split("=", 1)[0] in keys and "=" in arg else arg for arg in args]
+
+
 def check_overrides(args: list[str]) -> None:
     """Raise ConfigError for an unknown group option or config key in Hydra-style overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser

@@ -210,3 +210,19 @@ def test_gae_passes_over_environment_tokens():
     torch.testing.assert_close(adv[:, [0, 1, 4]], adv_ref)
     torch.testing.assert_close(returns[:, [0, 1, 4]], returns_ref)
     assert adv[0, 2:4].tolist() == [0.0, 0.0]
+
+
+def test_a_mapping_on_the_command_line_replaces_a_dict_options_default():
+    """env.task_config={...} as the docs write it (Hydra alone would merge into the empty default and refuse
+    the new keys); the CLI hands Hydra the overrides through replace_dicts."""
+    from hydra import compose, initialize_config_dir
+
+    from rlft.config import register_schemas
+    from rlft.overrides import conf_dir, replace_dicts
+
+    register_schemas()
+    args = ["env=reasoning_gym", "env.task_config={min_terms:2,max_terms:2}", "env.options={k:1}"]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("config", overrides=replace_dicts(args))
+    assert cfg.env.task_config == {"min_terms": 2, "max_terms": 2} and cfg.env.options == {"k": 1}
+    assert replace_dicts(["env=math", "env.name=x"]) == ["env=math", "env.name=x"]

@@ -10,7 +10,7 @@ PAIR = {"prompt_text": "Q: 1+2?\nA:\n", "chosen": "1+2=3\n#### 3", "rejected": "
 SOLUTION = {"prompt_text": "Q: 5-1?\nA:\n", "steps": ["5-1=4", "#### 4"], "labels": [1, 1]}
 
 
-def fake_stage(tmp_path, ratio=0.1):
+def fake_iterations(tmp_path, ratio=0.1):
     cfg = OmegaConf.create({"iterative": {"replay_ratio": ratio}, "train": {"max_seq_len": 64}, "seed": 0})
     return SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(run_dir=tmp_path / "grpo"))
 
@@ -41,30 +41,30 @@ def test_where_a_reward_models_rows_live(tmp_path):
 
 def test_replay_draws_from_the_stage_rows_and_earlier_iterations(tmp_path):
     tok = build_char_tokenizer()
-    stage = fake_stage(tmp_path)
+    it = fake_iterations(tmp_path)
     (tmp_path / "rm").mkdir()
     stage_rows = [{**PAIR, "chosen": f"1+2=3\n#### 3{' ' * i}"} for i in range(30)]
     policy_data.save_rows(tmp_path / "rm" / "train_data.jsonl", [{"row": r} for r in stage_rows])
     added = [{**PAIR, "prompt_text": f"Q: {i}+2?\nA:\n"} for i in range(10)]
-    it0 = stage.ctx.run_dir / "iterations" / "iter-0"
+    it0 = it.ctx.run_dir / "iterations" / "iter-0"
     it0.mkdir(parents=True)
     policy_data.save_rows(it0 / "rm_train_data.jsonl", [{"row": r} for r in added])
     scorer = SimpleNamespace(path=str(tmp_path / "rm" / "final"), tokenizer=tok)
 
-    assert iterative.history_rows(stage, "rm", scorer, 0) == stage_rows
-    assert iterative.history_rows(stage, "rm", scorer, 1) == stage_rows + added
+    assert iterative.history_rows(it, "rm", scorer, 0) == stage_rows
+    assert iterative.history_rows(it, "rm", scorer, 1) == stage_rows + added
     # 90 new examples -> 10 replayed (10% of the mix), drawn from the history, encoded
-    replay = iterative.replay_examples(stage, "rm", scorer, 90, 1, seed=3)
+    replay = iterative.replay_examples(it, "rm", scorer, 90, 1, seed=3)
     assert len(replay) == 10
     assert all(ex["row"] in stage_rows + added for ex in replay)
-    assert replay == iterative.replay_examples(stage, "rm", scorer, 90, 1, seed=3)  # seeded
-    assert iterative.replay_examples(stage, "rm", scorer, 0, 1, seed=3) == []
-    assert iterative.replay_examples(fake_stage(tmp_path, ratio=0.0), "rm", scorer, 90, 1, seed=3) == []
+    assert replay == iterative.replay_examples(it, "rm", scorer, 90, 1, seed=3)  # seeded
+    assert iterative.replay_examples(it, "rm", scorer, 0, 1, seed=3) == []
+    assert iterative.replay_examples(fake_iterations(tmp_path, ratio=0.0), "rm", scorer, 90, 1, seed=3) == []
 
 
 def test_a_reward_model_without_kept_rows_has_no_history(tmp_path):
     scorer = SimpleNamespace(path=str(tmp_path / "rm" / "final"), tokenizer=None)
-    assert iterative.history_rows(fake_stage(tmp_path), "rm", scorer, 1) is None
+    assert iterative.history_rows(fake_iterations(tmp_path), "rm", scorer, 1) is None
 
 
 def test_iteration_rows_with_exact_step_labels_need_no_continuations():
@@ -75,28 +75,37 @@ def test_iteration_rows_with_exact_step_labels_need_no_continuations():
 
     cfg = OmegaConf.merge(OmegaConf.structured(Config), {"iterative": {"step_labels": "exact", "label_budget": 2}})
     # episodes=None: sampling continuations would fail
-    stage = SimpleNamespace(cfg=cfg, episodes=None, generate=None, env=MathEnv(cfg))
+    it = SimpleNamespace(cfg=cfg, experience=SimpleNamespace(env=MathEnv(cfg), episodes=None))
     rec = {"prompt_text": "Q: ?\nA:\n", "row": {"prompt": "?", "response": "5-1=4\n4*2=8\n#### 8", "answer": "8"}}
     right = {**rec, "completion": "5-1=4\n4*2=8\n#### 8", "correct": True}
     slip = {**rec, "completion": "5-1=3\n3*2=6\n#### 6", "correct": False}
     late = {**rec, "completion": "5-1=4\n4*2=9\n#### 9", "correct": False}
     newest = {**right, "completion": "5-1=4\n4*2=8\n#### 8.0"}
-    rows = iterative.new_rows(stage, "prm", [slip, right, slip, late, right, newest])
+    rows = iterative.new_rows(it, "prm", [slip, right, slip, late, right, newest])
     # the newest two incorrect completions and as many of the newest correct ones, in that order
     assert [r["labels"] for r in rows] == [[1, 1, 1], [1, 1, 1], [0, 0, 0], [1, 0, 0]]
     assert rows[1]["steps"] == ["5-1=4", "4*2=8", "#### 8.0"]
 
 
 def reference_after_an_iteration(tmp_path, reset: bool):
+    """Iterations closes iteration 0 of two (one rollout each) and swaps the experience step's reference
+    through its interface."""
+    from rlft.config import Config, RLConfig
+    from rlft.stages.experience import Experience
+
     loaded = []
-    stage = SimpleNamespace(
-        cfg=OmegaConf.create({"iterative": {"reset_reference": reset}}), ctx=SimpleNamespace(run_dir=tmp_path),
-        policy=SimpleNamespace(export_hf=lambda path, tok: None), tokenizer=None,
-        rewards=SimpleNamespace(models={}), step_prm=None, ref="sft", samples_log=[{"completion": "x"}],
-        load_reference=lambda path: loaded.append(path) or f"policy at {path}")
-    report = iterative.next_iteration(stage, 1)
-    assert stage.samples_log == []
-    return stage.ref, loaded, report
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), {"iterative": {"reset_reference": reset, "iterations": 2},
+                                                         "train": {"max_steps": 2}})
+    cfg.algo = OmegaConf.structured(RLConfig)
+    experience = Experience(cfg, None, None, SimpleNamespace(), rewards=SimpleNamespace(models={}), reference="sft")
+    its = iterative.Iterations(cfg, SimpleNamespace(run_dir=tmp_path), experience,
+                               SimpleNamespace(export_hf=lambda path, tok: None),
+                               lambda path: loaded.append(path) or f"policy at {path}")
+    its.samples = [{"completion": "x"}]
+    assert its.starts(1) and not its.starts(0) and its.state() == {"samples_log": its.samples}
+    report = its.next(1)
+    assert its.samples == []
+    return experience.reference, loaded, report
 
 
 def test_the_reference_resets_to_the_policy_unless_told_to_stay(tmp_path):
