@@ -48,12 +48,13 @@ def _user_errors() -> tuple[type, ...]:
     from rlft.handoff import MissingInputError
     from rlft.launch import LaunchError
     from rlft.registry import UnknownNameError
+    from rlft.rewards.scoring import RewardError
     from rlft.rundir import RunDirError
     from rlft.signals import Interrupted
     from rlft.stages.common import StageError
 
     return (ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError, StageError, NonFiniteError,
-            RunDirError, Interrupted, DiskFullError)
+            RunDirError, Interrupted, DiskFullError, RewardError)
 
 
 def _train_job(cfg) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -46,6 +47,7 @@ Device = choices("Device", "auto cpu cuda")
 HFCache = choices("HFCache", "static dynamic")
 ISLevel = choices("ISLevel", "token sequence")
 TruncationPolicy = choices("TruncationPolicy", "keep zero_reward mask penalty")
+NonFinitePolicy = choices("NonFinitePolicy", "error zero")
 NonFinite = choices("NonFinite", "stop drop")
 WandbMode = choices("WandbMode", "auto online offline disabled")
 KLIn = choices("KLIn", "loss reward")
@@ -345,6 +347,11 @@ class RewardConfig:
     process: StepScorer = StepScorer.prm
     """Step scores for process supervision (algo.advantage=grpo_process): prm (the PRM at prm_path) | exact (the
     built-in task's step verifier: 1 while the steps follow the worked solution; the bound a perfect PRM reaches)."""
+    nonfinite: NonFinitePolicy = NonFinitePolicy.error
+    """A user reward function's NaN or inf: error (stop, naming the function and the sample) | zero (count it as 0;
+    the console says so once per function)."""
+    timeout_s: float = 300.0
+    """Longest wait for one call of a user reward function (seconds); a call past a few seconds says what it waits on."""
 
 
 @dataclass
@@ -844,10 +851,12 @@ def _check_choice(key: str, value: Any, choices: list) -> None:
 def validate(cfg) -> None:
     """Check values that types alone cannot; raise ConfigError with a one-line fix. (Fixed string
     choices are `Choice` enums, which OmegaConf checks when the config is composed.)"""
+    validate_run(cfg.run)
     derive(cfg)
     t, e = cfg.train, cfg.engine
     if algo_spec(cfg.algo).rl:
         validate_rl(cfg)
+    validate_numbers(cfg)
     check_unused_options(cfg)
     from rlft.envs import env_class
 
@@ -884,6 +893,58 @@ def validate(cfg) -> None:
     bad_k = [k for k in cfg.eval.k if k > cfg.eval.samples or k < 1]
     if bad_k:
         raise ConfigError(f"eval.k={list(cfg.eval.k)} has values outside [1, eval.samples={cfg.eval.samples}]")
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=,+@-]*")
+
+
+def validate_run(run) -> None:
+    """run.name names one folder under run.root: not a path, not empty (a run writes only under its root)."""
+    name = "" if run.name is None else str(run.name)
+    if not RUN_NAME.fullmatch(name) or name in (".", ".."):
+        shown = repr(name) if name else "empty"
+        raise ConfigError(f"run.name={shown} is not a run name: one folder name under run.root (letters, digits and "
+                          "_ . - = , + @, not starting with . or -), not a path; to write elsewhere set "
+                          "run.root=<folder> (or run.dir=<folder> for one stage)")
+    if not str(run.root or "").strip():
+        raise ConfigError("run.root is empty: set the folder that holds the runs (default runs)")
+
+
+def _in_range(key: str, value: float, low: float | None, high: float | None = None, *, open_low: bool = False,
+              why: str = "") -> None:
+    """ConfigError naming the allowed range when value is outside [low, high] ((low, high] with open_low)."""
+    bad = (low is not None and (value <= low if open_low else value < low)) or (high is not None and value > high)
+    if bad or (isinstance(value, float) and math.isnan(value)):
+        lo = "" if low is None else (f"> {low}" if open_low else f">= {low}")
+        hi = "" if high is None else f"<= {high}"
+        rule = " and ".join(x for x in (lo, hi) if x)
+        raise ConfigError(f"{key}={value} must be {rule}" + (f" ({why})" if why else ""))
+
+
+def validate_numbers(cfg) -> None:
+    """The numbers a user can get wrong, checked before anything starts (each with its allowed range)."""
+    t, r, ev = cfg.train, cfg.rollout, cfg.eval
+    _in_range("train.lr", t.lr, 0.0)
+    _in_range("train.weight_decay", t.weight_decay, 0.0)
+    _in_range("train.warmup_steps", t.warmup_steps, 0)
+    _in_range("train.grad_clip", t.grad_clip, 0.0, why="0: no clipping")
+    samples = algo_spec(cfg.algo).samples if cfg.algo is not None else False
+    if samples:  # stages that sample from the policy
+        _in_range("rollout.temperature", r.temperature, 0.0, open_low=True,
+                  why="training samples come from the policy's distribution; greedy decoding is what eval reports")
+        _in_range("rollout.top_p", r.top_p, 0.0, 1.0, open_low=True)
+        _in_range("rollout.top_k", r.top_k, 0, why="0: off")
+        _in_range("rollout.max_new_tokens", r.max_new_tokens, 1)
+    _in_range("eval.temperature", ev.temperature, 0.0, open_low=True,
+              why="the sampled metrics (pass@k, maj@k) need samples; greedy accuracy is always reported")
+    _in_range("eval.top_p", ev.top_p, 0.0, 1.0, open_low=True)
+    _in_range("eval.max_new_tokens", ev.max_new_tokens, 1)
+    if algo_spec(cfg.algo).rl if cfg.algo is not None else False:
+        a = cfg.algo
+        _in_range("algo.clip_eps_low", a.clip_eps_low, 0.0, open_low=True)
+        _in_range("algo.clip_eps_high", a.clip_eps_high, 0.0, open_low=True)
+        if trains_critic(cfg):
+            _in_range("critic.lr", cfg.critic.lr, 0.0)
 
 
 def validate_rollout(r) -> None:

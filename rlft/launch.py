@@ -88,7 +88,7 @@ def preflight(cfg) -> None:
                               and cfg.reward.process == "prm"):
         handoff.resolve_model_path(cfg, cfg.reward.prm_path)
     if spec.samples:
-        check_sources(cfg)
+        check_sources(cfg)  # imports first: a broken module is one line before the data is built
     if getattr(a, "source", None) == "policy":
         handoff.resolve_model_path(cfg, a.sample_from)
     policy_samples = getattr(a, "source", None) == "policy"  # a reward model labels samples of its questions
@@ -99,6 +99,8 @@ def preflight(cfg) -> None:
             raise DataError(f"environment {cfg.env.name}: the training split has no rows")
         if "correctness" in functions or policy_samples:
             env.check_rows(rows, f"{cfg.data.source} [train]")
+        if spec.samples:
+            check_sources(cfg, rows[0])
     else:
         inputs.rows_of(cfg, spec.rows, "train")
 

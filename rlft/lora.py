@@ -50,6 +50,16 @@ def quantization_config(compute_dtype: torch.dtype):
                               bnb_4bit_compute_dtype=compute_dtype, llm_int8_skip_modules=["lm_head", "score"])
 
 
+def keep_standard_layout(model: torch.nn.Module) -> None:
+    """On CPUs with AVX512-BF16, bitsandbytes repacks a 4-bit weight into its CPU kernel's layout at the first
+    no-grad forward (a sampling step). rlft reads the 4-bit weights in the standard layout (merging, export,
+    the reference's forward), and the repacking fails outright for layers narrower than a quantization block
+    ("shape '[32, 0]' is invalid"); so every 4-bit layer keeps the standard layout."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
 def is_4bit(p) -> bool:
     return type(p).__name__ == "Params4bit"
 

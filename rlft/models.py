@@ -105,6 +105,8 @@ def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm"
             kwargs.update(quantization_config=lora.quantization_config(dtype), device_map={"": dist.info().device})
         model = auto.from_pretrained(resolved_path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code,
                                      **attention, **kwargs)
+        if quantize:
+            lora.keep_standard_layout(model)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:

@@ -149,6 +149,14 @@ def _parses(value: str, kind: type) -> bool:
     return True
 
 
+# Hydra's own output keys that rlft's layout replaces (its sweep keys work: hydra.sweep.dir holds summary.csv)
+UNUSED_HYDRA_KEYS = {
+    "hydra.run.dir": "a stage writes under run.root/run.name/<algo>; set run.root=<folder> or run.dir=<folder>",
+    "hydra.output_subdir": "the resolved config is the stage's own config.yaml",
+    "hydra.job.chdir": "rlft keeps the working directory (relative paths in the config stay valid)",
+}
+
+
 def free_form_dicts() -> set[str]:
     """Config keys whose value is the user's own mapping (a dict-typed field: env.task_config, env.options)."""
     out = set()
@@ -184,6 +192,8 @@ def check_overrides(args: list[str]) -> None:
             algos = _values(o) or algos
     for o in parsed:
         key = o.key_or_group
+        if key.lstrip("+") in UNUSED_HYDRA_KEYS:
+            raise ConfigError(f"{key.lstrip('+')} is not used by rlft: {UNUSED_HYDRA_KEYS[key.lstrip('+')]}")
         if key.startswith("hydra") or o.is_delete() or (o.is_add() and "." in key):
             continue
         if key in GROUP_KEYS:

@@ -36,9 +36,20 @@ def _looks_local(source: str) -> bool:
     )
 
 
+def read_text(path: Path) -> str:
+    """The file as UTF-8 text; a DataError naming the line and byte that is not UTF-8 otherwise."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+                        "save it as UTF-8, e.g. iconv -f latin1 -t utf-8 in > out") from None
+
+
 def _read_jsonl(path: Path) -> list:
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
@@ -49,7 +60,7 @@ def _read_jsonl(path: Path) -> list:
 
 def _read_json(path: Path) -> list:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise DataError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
     if isinstance(data, dict) and isinstance(data.get("data"), list):

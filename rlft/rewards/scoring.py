@@ -43,6 +43,73 @@ def split_steps(text: str) -> tuple[list[str], list[int]]:
     return steps, ends
 
 
+class RewardError(RuntimeError):
+    """A user reward function broke its contract (one finite number per completion) or raised; one line."""
+
+
+WAIT_NOTICE_S = 5.0  # a call longer than this says, every WAIT_NOTICE_S x 2, what the run waits on
+
+
+def call_with_notice(name: str, call: Callable[[], object], timeout_s: float) -> object:
+    """call() in a helper thread: after WAIT_NOTICE_S the console says what the run waits on; past timeout_s a
+    RewardError (the call may go on in the background; the run stops)."""
+    import threading
+    import time
+
+    box: dict = {}
+    done = threading.Event()
+
+    def target():
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            box["error"] = exc
+        done.set()
+
+    threading.Thread(target=target, name=f"reward {name}", daemon=True).start()
+    tic, notice = time.time(), WAIT_NOTICE_S
+    while not done.wait(min(notice, timeout_s) - (time.time() - tic)):
+        waited = time.time() - tic
+        if waited >= timeout_s:
+            raise RewardError(f"reward '{name}' did not return within reward.timeout_s={timeout_s:g} s; make it "
+                              "faster or raise reward.timeout_s")
+        if waited >= notice:
+            print(f"[rlft] waiting on reward {name}, {waited:.0f} s", flush=True)
+            notice *= 2
+    if "error" in box:
+        exc = box["error"]
+        raise RewardError(f"reward '{name}' raised {type(exc).__name__}: {exc}") from exc
+    return box["value"]
+
+
+def checked_values(name: str, raw, count: int, nonfinite: str = "error") -> tuple[list[float], int]:
+    """(the values a reward function returned as floats, how many were non-finite and set to 0 under
+    nonfinite=zero); RewardError naming the function, the value and the sample otherwise."""
+    import math
+
+    rule = f"it must return one finite number per completion ({count} here)"
+    if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__"):
+        raise RewardError(f"reward '{name}' returned {type(raw).__name__} {str(raw)[:60]!r}; {rule}")
+    if len(raw) != count:
+        raise RewardError(f"reward '{name}' returned {len(raw)} values for {count} completions; {rule}")
+    values, bad = [], 0
+    for i, v in enumerate(raw):
+        try:
+            if isinstance(v, (str, bytes)) or v is None:
+                raise TypeError
+            x = float(v)
+        except (TypeError, ValueError):
+            raise RewardError(f"reward '{name}' returned {type(v).__name__} {str(v)[:60]!r} for sample {i}; "
+                              f"{rule}") from None
+        if not math.isfinite(x):
+            if nonfinite != "zero":
+                raise RewardError(f"reward '{name}' returned {x} for sample {i}; {rule} (or set "
+                                  "reward.nonfinite=zero to count it as 0)")
+            x, bad = 0.0, bad + 1
+        values.append(x)
+    return values, bad
+
+
 def load_user_function(spec: str) -> Callable:
     """`package.module:function` -> the function, with a one-line error naming the problem."""
     valid = ", ".join(REWARD_FUNCTIONS.names() + [ENV_SOURCE] + list(MODEL_SOURCES))
@@ -141,12 +208,22 @@ def source_weights(names: list[str], weights: list[float]) -> dict[str, float]:
     return {str(n): float(w) for n, w in zip(names, weights or [1.0] * len(names))}
 
 
-def check_sources(cfg) -> None:
-    """Every configured source exists (user functions are imported; models are not loaded): a
-    one-line UnknownNameError before anything is started or removed."""
+def check_sources(cfg, row: dict | None = None) -> None:
+    """Every configured source exists (user functions are imported and, given a data row, called once on it
+    with an empty completion, their result held to the contract; models are not loaded): a one-line error
+    before anything is started or removed."""
     for name in source_weights(list(cfg.reward.functions), list(cfg.reward.weights)):
         if name not in MODEL_SOURCES and name != ENV_SOURCE and name not in REWARD_FUNCTIONS.names():
-            load_user_function(name)
+            fn = load_user_function(name)
+            if row is not None:
+                fields = {k: [v] for k, v in row.items() if k != "prompt" and not k.startswith("_")}
+                prompt = row.get("prompt", "")
+                try:
+                    raw = call_with_notice(name, lambda: fn([prompt], [""], **fields), float(cfg.reward.timeout_s))
+                    checked_values(name, raw, 1, str(cfg.reward.nonfinite))
+                except RewardError as exc:
+                    raise RewardError(f"{exc} (checked before the run starts, on the first training row and an "
+                                      "empty completion)") from None
 
 
 class RewardSet:
@@ -155,6 +232,8 @@ class RewardSet:
 
     def __init__(self, cfg, device: torch.device, env=None):
         self.weights = source_weights(list(cfg.reward.functions), list(cfg.reward.weights))
+        self.timeout_s, self.nonfinite = float(cfg.reward.timeout_s), str(cfg.reward.nonfinite)
+        self.warned: set[str] = set()  # functions whose non-finite values were reported (reward.nonfinite=zero)
         self.fns: dict[str, Callable] = {}
         self.models: dict[str, ScoringModel] = {}
         self.env = None
@@ -186,10 +265,12 @@ class RewardSet:
         if self.env is not None:
             per_source[ENV_SOURCE] = [s.reward for s in self.env.scores(rows, completions)]
         for name, fn in self.fns.items():
-            values = [float(v) for v in fn(prompts, completions, **fields)]
-            if len(values) != len(completions):
-                raise ValueError(f"reward '{name}' returned {len(values)} values for {len(completions)} completions")
-            per_source[name] = values
+            raw = call_with_notice(name, lambda fn=fn: fn(prompts, completions, **fields), self.timeout_s)
+            per_source[name], bad = checked_values(name, raw, len(completions), self.nonfinite)
+            if bad and name not in self.warned:
+                self.warned.add(name)
+                print(f"[rlft] reward {name} returned {bad} non-finite value(s), counted as 0 (reward.nonfinite=zero); "
+                      "said once", flush=True)
         for name, model in self.models.items():
             per_source[name] = model.outcome(prompt_texts, completions)
         total = torch.zeros(len(completions), dtype=torch.float64)

@@ -26,8 +26,9 @@ from omegaconf import OmegaConf
 
 from rlft.algos import AdaptiveKLController, frac_zero_std_groups
 from rlft.config import needs_reference, trains_critic
-from rlft.engine import Engine, dist
+from rlft.engine import Engine, dist, list_checkpoints
 from rlft.models import load_model, load_tokenizer
+from rlft.rewards.scoring import RewardError
 from rlft.rollout import batch as rb
 from rlft.stages import common, iterative
 from rlft.stages.experience import Experience
@@ -81,6 +82,14 @@ class KL:
         total, count = dist.all_reduce_sum([float(seq_kl.sum()), float(len(ro))])
         self.controller.update(total / max(count, 1.0), int(count))
         self.coef = float(self.controller.value)
+
+
+def resume_hint(ctx: common.StageContext) -> str:
+    """Where a stopped run continues from: its newest checkpoint and the command."""
+    saved = list_checkpoints(ctx.ckpt_root)
+    if not saved:
+        return "no checkpoint written yet (train.save_every); fix it and rerun the same command"
+    return f"last checkpoint {saved[-1]}; fix it and continue with the same command and resume=true"
 
 
 def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
@@ -144,7 +153,10 @@ def run(cfg, ctx: common.StageContext) -> dict:
     for r in range(start_step // steps_per_rollout, total_rollouts):
         if iterations.starts(r):
             iterations.next(r)
-        ro = experience.collect(r, kl.coef)
+        try:
+            ro = experience.collect(r, kl.coef)
+        except RewardError as exc:  # the user's function: say where the run can continue from once it is fixed
+            raise RewardError(f"{exc}; in rollout {r + 1} (step {r * steps_per_rollout}); {resume_hint(ctx)}") from None
         tic = time.time()
         update(ro, stats, r, kl.coef)
         kl.adapt(ro)

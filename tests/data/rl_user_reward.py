@@ -37,3 +37,45 @@ def half_flat(prompts, completions, **row_fields):
 def share_of_sevens(prompts, completions, **row_fields):
     """Share of the characters that are '7': a signal a random policy can learn in a few steps."""
     return [c.count("7") / max(len(c), 1) for c in completions]
+
+
+def nan_for_the_second(prompts, completions, **row_fields):
+    """NaN at sample 1 (the contract: one finite number per completion)."""
+    return [float("nan") if i == 1 else 1.0 for i in range(len(completions))]
+
+
+def strings(prompts, completions, **row_fields):
+    return ["1.0"] * len(completions)
+
+
+def nothing(prompts, completions, **row_fields):
+    return None
+
+
+def a_scalar(prompts, completions, **row_fields):
+    return 1.0
+
+
+def raises(prompts, completions, **row_fields):
+    raise KeyError("score")
+
+
+def slow(prompts, completions, **row_fields):
+    """Takes 2 s per call (a slow judge)."""
+    import time
+
+    time.sleep(2.0)
+    return [0.0] * len(completions)
+
+
+CALLS = {"batches": 0}
+
+
+def fails_in_the_second_rollout(prompts, completions, **row_fields):
+    """Alternating rewards for the first batch of completions, an exception from the second batch on (the
+    single-row call before the run starts does not count)."""
+    if len(completions) > 1:
+        CALLS["batches"] += 1
+        if CALLS["batches"] >= 2:
+            raise ZeroDivisionError("division by zero")
+    return [float(i % 2 == 0) for i in range(len(completions))]

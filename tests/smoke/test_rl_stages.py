@@ -99,6 +99,16 @@ def test_grpo_outcome_rule_reward(work):
     check_outputs(work, "grpo", all_changed=True)
 
 
+def test_a_reward_that_raises_mid_run_names_itself_the_step_and_the_checkpoint(work):
+    proc = rl_cli(work, "train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, "train.max_steps=3", "train.save_every=1",
+                  f"reward.functions=[{USER_REWARD}:fails_in_the_second_rollout]")
+    line = one_line_error(proc)
+    checkpoint = f"runs/{RUN}/grpo/checkpoints/step-0000001"
+    assert line == (f"rlft: error: reward '{USER_REWARD}:fails_in_the_second_rollout' raised ZeroDivisionError: "
+                    f"division by zero; in rollout 2 (step 1); last checkpoint {checkpoint}; fix it and continue "
+                    "with the same command and resume=true"), line
+
+
 @pytest.mark.slow
 def test_grpo_process_supervision_with_the_prm(work):
     train(work, "algo=grpo_process", "train.max_steps=2", "train.lr=1e-3")  # its own preset: beta 1

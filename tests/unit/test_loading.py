@@ -72,6 +72,16 @@ def test_bad_json_line_and_non_object_rows(tmp_path):
         load_rows(str(path))
 
 
+def test_a_file_that_is_not_utf8_names_the_line_and_the_fix(tmp_path):
+    for suffix in (".jsonl", ".json"):
+        path = tmp_path / f"latin1{suffix}"
+        path.write_bytes('[{"question": "a"},\n{"question": "caf\u00e9"}]'.encode("latin-1") if suffix == ".json"
+                         else '{"question": "a"}\n{"question": "caf\u00e9"}\n'.encode("latin-1"))
+        with pytest.raises(DataError) as err:
+            load_rows(str(path))
+        assert str(err.value).startswith(f"{path} line 2: not UTF-8 text (byte 0xe9") and "iconv" in str(err.value)
+
+
 def test_hub_ids_go_to_datasets(monkeypatch):
     import datasets
 

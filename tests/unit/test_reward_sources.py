@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from rl_helpers import USER_REWARD
 from rlft.registry import UnknownNameError
-from rlft.rewards.scoring import RewardSet, load_user_function, source_weights, split_steps
+from rlft.rewards import scoring
+from rlft.rewards.scoring import RewardError, RewardSet, load_user_function, source_weights, split_steps
 
 
 # ----------------------------------------------------------------------------- split_steps
@@ -108,10 +109,50 @@ def test_reward_set_default_weights_are_one():
     assert total.tolist() == [2.0, 1.0, 2.0, 1.0]
 
 
-def test_reward_set_rejects_a_function_returning_the_wrong_count():
-    rs = RewardSet(reward_cfg([f"{USER_REWARD}:wrong_count"]), torch.device("cpu"))
-    with pytest.raises(ValueError, match="returned 3 values for 4 completions"):
+# ----------------------------------------------------------------------------- the contract of a user function
+@pytest.mark.parametrize("function, expected", [
+    ("wrong_count", "returned 3 values for 4 completions; it must return one finite number per completion (4 here)"),
+    ("nan_for_the_second", "returned nan for sample 1; it must return one finite number per completion"),
+    ("strings", "returned str '1.0' for sample 0"),
+    ("nothing", "returned NoneType 'None'"),
+    ("a_scalar", "returned float '1.0'"),
+    ("raises", "raised KeyError: 'score'"),
+])
+def test_a_function_that_breaks_the_contract_is_one_line_naming_it(function, expected):
+    rs = RewardSet(reward_cfg([f"{USER_REWARD}:{function}"]), torch.device("cpu"))
+    with pytest.raises(RewardError) as exc:
         call(rs)
+    line = str(exc.value)
+    assert line.startswith(f"reward '{USER_REWARD}:{function}' ") and expected in line and "\n" not in line
+
+
+def test_nonfinite_zero_counts_a_nan_as_zero(capsys):
+    cfg = reward_cfg([f"{USER_REWARD}:nan_for_the_second"])
+    cfg.reward.nonfinite = "zero"
+    rs = RewardSet(cfg, torch.device("cpu"))
+    for _ in range(2):
+        total, _ = call(rs)
+        assert total.tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert capsys.readouterr().out.count("non-finite") == 1  # said once
+
+
+def test_a_slow_function_is_shown_and_bounded(monkeypatch, capsys):
+    monkeypatch.setattr(scoring, "WAIT_NOTICE_S", 0.5)
+    cfg = reward_cfg([f"{USER_REWARD}:slow"])
+    rs = RewardSet(cfg, torch.device("cpu"))
+    call(rs)  # 2 s: finishes, after saying what it waits on
+    assert f"waiting on reward {USER_REWARD}:slow, " in capsys.readouterr().out
+    cfg.reward.timeout_s = 1.0
+    with pytest.raises(RewardError, match=r"did not return within reward.timeout_s=1 s"):
+        call(RewardSet(cfg, torch.device("cpu")))
+
+
+def test_the_preflight_calls_each_function_once_on_a_row():
+    cfg = reward_cfg([f"{USER_REWARD}:raises"])
+    scoring.check_sources(cfg)  # imports only: fine
+    with pytest.raises(RewardError, match="raised KeyError.*checked before the run starts"):
+        scoring.check_sources(cfg, ROWS[0])
+    scoring.check_sources(reward_cfg([f"{USER_REWARD}:answer_length"]), ROWS[0])
 
 
 def test_reward_set_unknown_source_fails_at_construction():
