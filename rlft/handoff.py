@@ -95,6 +95,14 @@ def resolve_model_path(cfg, path: str | None = None) -> str:
     if local.exists():
         if not (local / "config.json").is_file():
             raise MissingInputError(f"{local} is not a Hugging Face model directory (no config.json)")
+        try:
+            json.loads((local / "config.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MissingInputError(f"{local / 'config.json'} is not valid JSON ({exc}); the model directory is "
+                                    "damaged: copy or export it again") from None
+        problem = damage(local)  # rlft's own exports carry checksums.json
+        if problem:
+            raise MissingInputError(f"the model at {local} is damaged: {problem}; copy or export it again")
         return str(local)
     if path.startswith((".", "/", "~")) or path.count("/") > 1:
         raise MissingInputError(f"model path {path} does not exist")

@@ -38,6 +38,26 @@ def test_checksums_catch_changed_truncated_and_missing_files(tmp_path):
     assert damage(d) == "model.safetensors is missing"
 
 
+def test_a_plain_model_path_is_checked_before_loading(tmp_path):
+    """model.path=<folder>: a broken config.json, or a file that no longer matches the folder's checksums.json
+    (rlft's exports carry one), is one line naming the file."""
+    from rlft.handoff import MissingInputError, resolve_model_path
+
+    cfg = SimpleNamespace(model=SimpleNamespace(path=str(tmp_path / "m")))
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "llama",')
+    with pytest.raises(MissingInputError, match=r"config.json is not valid JSON .*copy or export it again"):
+        resolve_model_path(cfg)
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    (d / "model.safetensors").write_bytes(os.urandom(2048))
+    write_checksums(d)
+    assert resolve_model_path(cfg) == str(d)
+    (d / "model.safetensors").write_bytes(os.urandom(1024))
+    with pytest.raises(MissingInputError, match=r"the model at .*/m is damaged: model.safetensors has 1024 bytes"):
+        resolve_model_path(cfg)
+
+
 def test_lock_is_exclusive_and_a_dead_holder_is_taken_over(tmp_path, capsys):
     stage = tmp_path / "runs" / "x" / "sft"
     with rundir.stage_lock(stage) as lock:
