@@ -212,7 +212,7 @@ def test_hostile_tool_code_is_that_steps_error_and_the_trajectory_goes_on():
     from rlft.envs.python_tool import PythonEnv
 
     cfg = OmegaConf.structured(Config)
-    cfg.env.name, cfg.env.timeout_s, cfg.env.cpu_s = "python", 2.0, 1
+    cfg.env.name, cfg.env.timeout_s, cfg.env.cpu_s = "python", 15.0, 1  # the CPU limit first, even on a loaded machine
     tok = build_char_tokenizer()
     turns = ["Let me try.\n```python\nwhile True: pass\n```", "\n```python\nimport os\nos.fork()\n```",
              "\n```python\nprint(6*7)\n```", "\n#### 42"]
