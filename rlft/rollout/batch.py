@@ -6,7 +6,7 @@ Shapes (N completions on this rank, L = longest prompt + completion):
                                           token p+1 is a token the model sampled (up to the first
                                           EOS); environment tokens of a multi-turn trajectory are 0
     scores                     [N]        total reward after the truncation policy
-    old_logp, ref_logp, adv    [N, L-1]
+    extras                                what the run's estimator or loss reads (EXTRAS below)
 """
 from __future__ import annotations
 
@@ -17,8 +17,29 @@ import torch
 from rlft.data.encode import collate_padded, pad_to
 
 
+# What the experience step adds to a scored rollout, by name: a registered estimator or loss declares
+# what it reads (`needs`), `rlft.stages.experience.rollout_needs` turns that into these names, and only
+# those are computed. The update reads them with `Rollout.need` (a clear error when one is missing).
+EXTRAS = {
+    "step_ends": "per completion, the target column of the token that ends each step (process supervision)",
+    "step_scores": "per completion, each step's score (process supervision)",
+    "old_logp": "[N, L-1] the policy's log-probs at sampling time (pi_old)",
+    "ref_logp": "[N, L-1] the reference model's log-probs",
+    "is_weight": "[N, L-1] engine-mismatch importance weights",
+    "values": "[N, L-1] the critic's values at sampling time",
+    "returns": "[N, L-1] the critic's targets",
+    "adv": "[N, L-1] advantages",
+    "pair_scores": "[N/2, 2] the two rewards of each pair (rows 2j, 2j+1)",
+    "pair_s_ref": "[N/2, 2] the reference's sequence log-probs of each pair",
+    "delta": "[N/2] each pair's reward difference",
+}
+PAIR_FIELDS = ("delta", "pair_scores", "pair_s_ref")
+
+
 @dataclass
 class Rollout:
+    """A scored batch of trajectories: the core every RL algorithm reads (sampled tokens, masks,
+    rewards), plus `extras`, the tensors its estimator or loss declared it needs (EXTRAS)."""
     rows: list[dict]
     prompt_texts: list[str]
     completions: list[str]
@@ -29,25 +50,34 @@ class Rollout:
     truncated: torch.Tensor
     prompt_lens: list[int]
     scores: torch.Tensor = None
-    per_source: dict = field(default_factory=dict)
-    step_ends: list[list[int]] | None = None
-    step_scores: list[list[float]] | None = None
-    old_logp: torch.Tensor | None = None
-    ref_logp: torch.Tensor | None = None
-    adv: torch.Tensor | None = None
-    values: torch.Tensor | None = None   # [N, L-1] critic values at rollout (PPO)
-    returns: torch.Tensor | None = None  # [N, L-1] critic targets (PPO)
-    delta: torch.Tensor | None = None    # [N/2] P3O reward difference of each pair
-    pair_scores: torch.Tensor | None = None  # [N/2, 2] P3O
-    pair_s_ref: torch.Tensor | None = None   # [N/2, 2] P3O reference sequence log-probs
+    per_source: dict = field(default_factory=dict)   # each reward source's value per completion
     sampler_logp: list[list[float]] | None = None  # the rollout engine's log-prob of each completion token
-    is_weight: torch.Tensor | None = None    # [N, L-1] engine-mismatch importance weights (None: no correction)
-    is_metrics: dict = field(default_factory=dict)  # engine vs trainer log-prob gap, share corrected
     token_mask: list[list[int]] | None = None  # multi-turn: 1 on each model token, 0 on environment tokens
     episode: dict = field(default_factory=dict)  # multi-turn: per-trajectory turns, tool_calls, tool_errors
+    extras: dict = field(default_factory=dict)   # name (EXTRAS) -> value
+    metrics: dict = field(default_factory=dict)  # measured while preparing it, logged (engine vs trainer gap)
 
     def __len__(self) -> int:
         return len(self.completions)
+
+    def get(self, name: str):
+        """The extra `name`, or None when this run did not compute it."""
+        if name not in EXTRAS:
+            raise KeyError(f"unknown rollout extra {name!r}; known: {', '.join(EXTRAS)}")
+        return self.extras.get(name)
+
+    def need(self, name: str, reader: str):
+        """The extra `name` that `reader` cannot do without."""
+        value = self.get(name)
+        if value is None:
+            raise ValueError(f"{reader} reads the rollout's {name} ({EXTRAS[name]}), which this run did not "
+                             "compute: the estimator or loss that reads it must declare it in its needs")
+        return value
+
+    def put(self, **values) -> None:
+        for name in values:
+            self.get(name)  # a known name
+        self.extras.update(values)
 
 
 def build_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
@@ -127,13 +157,10 @@ def concat_rows(picks: list[tuple[Rollout, int]], pad_id: int = 0) -> Rollout:
         out.sampler_logp = [src.sampler_logp[i] for src, i in picks]
     out.token_mask = token_masks
     out.episode = {name: [src.episode[name][i] for src, i in picks] for name in picks[0][0].episode}
-    if picks[0][0].step_ends is not None:
-        out.step_ends = [src.step_ends[i] for src, i in picks]
-        out.step_scores = [src.step_scores[i] for src, i in picks]
+    for name in ("step_ends", "step_scores"):  # the score phase's extras (the later phases run after merging)
+        if picks[0][0].get(name) is not None:
+            out.put(**{name: [src.get(name)[i] for src, i in picks]})
     return out
-
-
-PAIR_FIELDS = ("delta", "pair_scores", "pair_s_ref")
 
 
 def take(ro: Rollout, order: list[int]) -> Rollout:
@@ -142,18 +169,24 @@ def take(ro: Rollout, order: list[int]) -> Rollout:
     n = len(ro)
     index = torch.tensor(order, dtype=torch.long)
     pair_index = index[0::2] // 2
+
+    def reorder(name: str, value):
+        if name in PAIR_FIELDS and value is not None:
+            return value[pair_index]
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+            return value[index]
+        if isinstance(value, list) and len(value) == n:
+            return [value[i] for i in order]
+        return value
+
     out = {}
     for name, value in vars(ro).items():
-        if name in PAIR_FIELDS and value is not None:
-            out[name] = value[pair_index]
-        elif isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
-            out[name] = value[index]
-        elif isinstance(value, list) and len(value) == n:
-            out[name] = [value[i] for i in order]
-        elif name in ("per_source", "episode"):
+        if name in ("per_source", "episode"):
             out[name] = {k: [v[i] for i in order] for k, v in value.items()}
+        elif name == "extras":
+            out[name] = {k: reorder(k, v) for k, v in value.items()}
         else:
-            out[name] = value
+            out[name] = reorder(name, value)
     return Rollout(**out)
 
 

@@ -48,6 +48,29 @@ def advantage_config(a, critic, kl_coef: float) -> AdvantageConfig:
                            whiten_advantages=critic.whiten_advantages, reduce=dist.sum_over_ranks)
 
 
+def rollout_needs(a, has_reference: bool, correction: str) -> frozenset[str]:
+    """The rollout extras (rlft.rollout.batch.EXTRAS) a run computes: the advantages and what its
+    estimator declares (step scores, the critic's values and returns), or a pairwise loss's pair inputs;
+    pi_old where the update reads the sampling-time log-probs (`reuses_rollout`) or the engine's are
+    corrected (with the IS weights); the reference's log-probs when there is a reference."""
+    needs = set()
+    if a.pairwise_loss is not None:
+        needs |= {"pair_scores", "pair_s_ref", "delta"}
+    else:
+        needs.add("adv")
+        if ADVANTAGES.needs(a.advantage, "step_scores"):
+            needs |= {"step_ends", "step_scores"}
+        if ADVANTAGES.needs(a.advantage, "critic"):
+            needs |= {"values", "returns"}
+    if reuses_rollout(a) or correction != "none":
+        needs.add("old_logp")
+    if correction != "none":
+        needs.add("is_weight")
+    if has_reference:
+        needs.add("ref_logp")
+    return frozenset(needs)
+
+
 def reuses_rollout(a) -> bool:
     """Whether the update reads the policy's log-probs at sampling time (pi_old): several passes or
     minibatches over one rollout, the KL in the reward, or a pairwise loss's ratios."""
@@ -153,6 +176,11 @@ class Experience:
                    critic=critic, step_scorer=step_scorer, is_correction=correction)
 
     @property
+    def needs(self) -> frozenset[str]:
+        """The extras this run's rollouts carry (`rollout_needs`)."""
+        return rollout_needs(self.cfg.algo, self.reference is not None, self.is_correction)
+
+    @property
     def prompt_budget(self) -> int:
         """Prompt tokens that leave room for max_new_tokens in the policy's context."""
         return prompt_budget(self.policy.module, self.cfg.rollout.max_new_tokens)
@@ -218,11 +246,10 @@ class Experience:
             r = self.cfg.reward
             ro.scores, ro.mask = rb.apply_truncation_policy(total, ro.mask, ro.truncated, r.truncation_policy,
                                                             r.truncation_penalty)
-            if self.step_scorer is not None:
+            if "step_scores" in self.needs:
                 probs, char_ends = self.step_scorer.steps(ro.prompt_texts, ro.completions, ro.rows)
-                ro.step_scores = probs
-                ro.step_ends = [rb.step_columns(self.tokenizer, c, e, p) if e else []
-                                for c, e, p in zip(ro.completion_ids, char_ends, ro.prompt_lens)]
+                ro.put(step_scores=probs, step_ends=[rb.step_columns(self.tokenizer, c, e, p) if e else []
+                                                     for c, e, p in zip(ro.completion_ids, char_ends, ro.prompt_lens)])
 
     def rollout(self, rollout_index: int) -> rb.Rollout:
         """Sample and score this rank's prompts; dynamic sampling refills all-equal groups."""
@@ -254,31 +281,33 @@ class Experience:
 
     # ------------------------------------------------------------------ what the update reads
     def logprobs(self, ro: rb.Rollout) -> torch.Tensor | None:
-        """pi_old when the update reuses the rollout or the engine's log-probs are corrected; the
-        reference's when there is one; the IS weights of the correction, and the mask of the tokens it
-        keeps (None: all)."""
-        keep = None
+        """pi_old and the reference's log-probs where the run needs them; with pi_old and the engine's
+        log-probs, their gap and the IS weights of the correction, and the mask of the tokens it keeps
+        (None: all)."""
+        keep, needs = None, self.needs
         with self.timed("logprobs"):
             t, temperature = self.cfg.train, self.cfg.rollout.temperature
             micro, budget = t.micro_batch_per_device, t.max_tokens_per_micro_batch
-            if reuses_rollout(self.cfg.algo) or self.is_correction != "none":
-                ro.old_logp = rollout_logp(self.policy, ro, micro, temperature, t.packing, budget)
-            if self.reference is not None:
-                ro.ref_logp = rollout_logp(self.reference, ro, micro, temperature, t.packing, budget)
-            if ro.old_logp is not None and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
+            if "old_logp" in needs:
+                ro.put(old_logp=rollout_logp(self.policy, ro, micro, temperature, t.packing, budget))
+            if "ref_logp" in needs:
+                ro.put(ref_logp=rollout_logp(self.reference, ro, micro, temperature, t.packing, budget))
+            if "old_logp" in needs and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
                 r = self.cfg.rollout
                 engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])
-                ro.is_weight, keep, ro.is_metrics = IS_CORRECTIONS.get(self.is_correction)(
-                    ro.old_logp, engine_logp, ro.mask, ISConfig(r.is_level, r.is_cap))
+                weight, keep, ro.metrics = IS_CORRECTIONS.get(self.is_correction)(
+                    ro.get("old_logp"), engine_logp, ro.mask, ISConfig(r.is_level, r.is_cap))
+                if "is_weight" in needs:
+                    ro.put(is_weight=weight)
         return keep
 
     def values(self, ro: rb.Rollout) -> None:
-        if self.critic is None:
+        if "values" not in self.needs:
             return
         with self.timed("values"):
             t, dev = self.cfg.train, self.info.device
-            ro.values = batched_values(self.critic, ro.input_ids.to(dev), ro.attention_mask.to(dev),
-                                       t.micro_batch_per_device, t.max_tokens_per_micro_batch, t.packing)
+            ro.put(values=batched_values(self.critic, ro.input_ids.to(dev), ro.attention_mask.to(dev),
+                                         t.micro_batch_per_device, t.max_tokens_per_micro_batch, t.packing))
 
     def advantages(self, ro: rb.Rollout, kl_coef: float, keep: torch.Tensor | None = None) -> None:
         """The registered estimator's advantages (and returns), or a pairwise loss's pair inputs; then the
@@ -286,14 +315,15 @@ class Experience:
         with self.timed("advantages"):
             a, G = self.cfg.algo, self.cfg.rollout.samples_per_prompt
             if a.pairwise_loss is not None:
-                ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp,
-                                                                              ro.mask, G, kl_coef)
+                scores, s_ref, delta = pair_rollout_inputs(ro.scores, ro.get("old_logp"), ro.get("ref_logp"),
+                                                           ro.mask, G, kl_coef)
+                ro.put(pair_scores=scores, pair_s_ref=s_ref, delta=delta)
             else:
-                batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=G, step_ends=ro.step_ends,
-                                        step_scores=ro.step_scores, old_logp=ro.old_logp, ref_logp=ro.ref_logp,
-                                        values=ro.values)
+                batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=G, step_ends=ro.get("step_ends"),
+                                        step_scores=ro.get("step_scores"), old_logp=ro.get("old_logp"),
+                                        ref_logp=ro.get("ref_logp"), values=ro.get("values"))
                 out = ADVANTAGES.get(a.advantage)(batch, advantage_config(a, self.cfg.critic, kl_coef))
-                ro.adv, ro.returns = out.adv.float(), out.returns
+                ro.put(adv=out.adv.float(), returns=out.returns)
                 if keep is not None:
                     ro.mask = keep.to(ro.mask.dtype)
 

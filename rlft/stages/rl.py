@@ -76,9 +76,10 @@ class KL:
             self.controller.value = self.coef
 
     def adapt(self, ro: rb.Rollout) -> None:
-        if self.controller is None or ro.ref_logp is None or ro.old_logp is None:
+        old_logp, ref_logp = ro.get("old_logp"), ro.get("ref_logp")
+        if self.controller is None or ref_logp is None or old_logp is None:
             return
-        seq_kl = ((ro.old_logp - ro.ref_logp) * ro.mask).sum(-1)
+        seq_kl = ((old_logp - ref_logp) * ro.mask).sum(-1)
         total, count = dist.all_reduce_sum([float(seq_kl.sum()), float(len(ro))])
         self.controller.update(total / max(count, 1.0), int(count))
         self.coef = float(self.controller.value)
@@ -105,12 +106,12 @@ def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
     if ro.episode:
         stats.add("tool_use_frac", float(sum(c > 0 for c in ro.episode["tool_calls"])), n)
     stats.add("truncated_frac", float(ro.truncated.sum()), n)
-    if ro.is_metrics:  # engine vs trainer log-probs on the response tokens
+    if ro.metrics:  # engine vs trainer log-probs on the response tokens
         tokens = float(ro.mask.sum())
         for name in ("engine_logp_gap_mean", "is_weight_mean", "is_corrected_frac"):
-            if name in ro.is_metrics:
-                stats.add(name, float(ro.is_metrics[name]) * tokens, tokens)
-        stats.add_max("engine_logp_gap_max", float(ro.is_metrics["engine_logp_gap_max"]))
+            if name in ro.metrics:
+                stats.add(name, float(ro.metrics[name]) * tokens, tokens)
+        stats.add_max("engine_logp_gap_max", float(ro.metrics["engine_logp_gap_max"]))
     if G > 1:
         stats.add("frac_zero_std", float(frac_zero_std_groups(ro.scores, G)) * (n / G), n / G)
 

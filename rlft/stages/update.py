@@ -109,7 +109,7 @@ def optimizer_steps(rollout: rb.Rollout, a, group_size: int, shuffle_seed: int |
 
 def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: float,
                   shuffle_seed: int | None = None) -> None:
-    """The policy's optimizer steps with the registered per-token loss. With `ro.is_weight` (the
+    """The policy's optimizer steps with the registered per-token loss. With the rollout's is_weight (the
     engine-mismatch correction) each token's policy loss is reweighted before the KL term is added;
     the KL to the reference is measured whenever the rollout has reference log-probs and enters the
     loss with algo.kl_in=loss."""
@@ -122,16 +122,18 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
         denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
         groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)
         stats.add("micro_batches", len(groups), 1)  # forwards per rank in this optimizer step
+        adv = ro.need("adv", f"policy loss {a.policy_loss}")
+        old_logp, ref_logp, is_weight = ro.get("old_logp"), ro.get("ref_logp"), ro.get("is_weight")
         for k, rows in enumerate(groups):
             ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed)
             add_padding(stats, attn, shape.packed)
-            old = ro.old_logp[rows, cols].to(dev) if ro.old_logp is not None else None
-            loss_tok, metrics = policy_loss(logp, old, ro.adv[rows, cols].to(dev), mask, pl_cfg)
-            if ro.is_weight is not None:
-                loss_tok = loss_tok * ro.is_weight[rows, cols].to(dev)
+            old = old_logp[rows, cols].to(dev) if old_logp is not None else None
+            loss_tok, metrics = policy_loss(logp, old, adv[rows, cols].to(dev), mask, pl_cfg)
+            if is_weight is not None:
+                loss_tok = loss_tok * is_weight[rows, cols].to(dev)
             tokens = mask.sum().item()
-            if ro.ref_logp is not None:
-                kl = kl_fn(logp, ro.ref_logp[rows, cols].to(dev))
+            if ref_logp is not None:
+                kl = kl_fn(logp, ref_logp[rows, cols].to(dev))
                 if a.kl_in == "loss":
                     loss_tok = loss_tok + kl_coef * kl
                 stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
@@ -149,11 +151,12 @@ def update_critic(critic, ro: rb.Rollout, stats: Sums, shape: Shape, value_clip:
     for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
         denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
         groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)
+        old_values, returns = ro.need("values", "the value loss"), ro.need("returns", "the value loss")
         for k, rows in enumerate(groups):
             ids, attn, cols, mask = micro_inputs(ro, rows, dev)
             tokens = mask.sum().item()
             values = token_scores(critic.module, ids, attn)[:, :-1][:, cols.start:]
-            vloss, vm = value_loss(values, ro.values[rows, cols].to(dev), ro.returns[rows, cols].to(dev), mask,
+            vloss, vm = value_loss(values, old_values[rows, cols].to(dev), returns[rows, cols].to(dev), mask,
                                    value_clip, denom)
             critic.backward(vloss, last=k == len(groups) - 1)
             critic.step()
@@ -171,9 +174,12 @@ def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise,
     cfg = PairLossConfig(eps=a.clip_eps_low, c=pairwise.c, kl_coef=kl_coef, kl_at=str(pairwise.kl_at),
                          avg_tokenwise=pairwise.avg_tokenwise, beta=pairwise.beta,
                          length_normalize=pairwise.length_normalize)
+    reader = f"pairwise loss {a.pairwise_loss}"
     for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
         m = ro.mask[start:start + per_mb]
-        untied = float((ro.pair_scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
+        scores, s_ref, delta = (ro.need(name, reader) for name in ("pair_scores", "pair_s_ref", "delta"))
+        old_logp, ref_logp = ro.need("old_logp", reader), ro.get("ref_logp")
+        untied = float((scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
         pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
         counts = PairCounts(pairs=pairs, tokens=tokens, untied=untied)
         groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed, unit=2)
@@ -182,10 +188,9 @@ def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise,
             pl = rows[0::2] // 2  # rows (2j, 2j+1) are pair j
             ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed)
             add_padding(stats, attn, shape.packed)
-            ref = ro.ref_logp[rows, cols].to(dev) if ro.ref_logp is not None else None
-            batch = PairBatch(logp=logp, old_logp=ro.old_logp[rows, cols].to(dev), mask=mask, ref_logp=ref,
-                              scores=ro.pair_scores[pl].to(dev), s_ref=ro.pair_s_ref[pl].to(dev),
-                              delta=ro.delta[pl].to(dev))
+            ref = ref_logp[rows, cols].to(dev) if ref_logp is not None else None
+            batch = PairBatch(logp=logp, old_logp=old_logp[rows, cols].to(dev), mask=mask, ref_logp=ref,
+                              scores=scores[pl].to(dev), s_ref=s_ref[pl].to(dev), delta=delta[pl].to(dev))
             loss, metrics = loss_fn(batch, cfg, counts)
             policy.backward(loss, last=k == len(groups) - 1)
             policy.step()

@@ -144,9 +144,9 @@ for case in cases:
         ref = Engine(cfg, ref_model, trainable=False)
         ro = rank_rollout(info.rank, cfg.algo.minibatches_per_rollout)
         experience.Experience(cfg, info, tok, policy, reference=ref).prepare(ro, cfg.algo.kl_coef)
-        assert ro.ref_logp is not None
+        assert ro.get("ref_logp") is not None
         reuse = case.get("mu", 1) > 1 or case.get("minibatches", 1) > 1
-        assert (ro.old_logp is not None) == reuse
+        assert (ro.get("old_logp") is not None) == reuse
         stats = Sums()
         t = cfg.train
         update.update_policy(policy, ro, stats, update.Shape.of(cfg), cfg.algo.kl_coef)

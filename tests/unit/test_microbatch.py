@@ -118,13 +118,13 @@ def updated(base_model, tok, update, **kw):
 
 
 def pairwise(engine, ro, a, **kw):
-    ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp, ro.mask, 2,
-                                                                  a.kl_coef)
+    scores, s_ref, delta = pair_rollout_inputs(ro.scores, ro.get("old_logp"), ro.get("ref_logp"), ro.mask, 2, a.kl_coef)
+    ro.put(pair_scores=scores, pair_s_ref=s_ref, delta=delta)
     up.update_pairwise(engine, ro, Sums(), up.Shape(a, 2, 1.0, 16, 4, **kw), a, a.kl_coef)
 
 
 def policy(engine, ro, a, **kw):
-    ro.adv = torch.linspace(-1, 1, ro.mask.numel()).reshape(ro.mask.shape) * ro.mask
+    ro.put(adv=torch.linspace(-1, 1, ro.mask.numel()).reshape(ro.mask.shape) * ro.mask)
     up.update_policy(engine, ro, Sums(), up.Shape(a, 2, 1.0, 16, 4, **kw), a.kl_coef)
 
 

@@ -52,8 +52,7 @@ def rollout(tok, model, scores):
                     prompt_lens=[len(p) for p in prompt_ids], scores=torch.tensor(scores, dtype=torch.float64))
     with torch.no_grad():
         logp = selective_logp(model(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
-    ro.old_logp = logp
-    ro.ref_logp = logp - 0.05  # a reference that differs, so the KL terms are not zero
+    ro.put(old_logp=logp, ref_logp=logp - 0.05)  # a reference that differs, so the KL terms are not zero
     return ro
 
 
@@ -76,16 +75,17 @@ def weights_after(update, tok, base_model, scores, **over):
 
 
 def p3o_update(engine, ro, a):
-    ro.pair_scores, ro.pair_s_ref, ro.delta = pair_rollout_inputs(ro.scores, ro.old_logp, ro.ref_logp, ro.mask, 2,
-                                                                  a.kl_coef)
+    scores, s_ref, delta = pair_rollout_inputs(ro.scores, ro.get("old_logp"), ro.get("ref_logp"), ro.mask, 2, a.kl_coef)
+    ro.put(pair_scores=scores, pair_s_ref=s_ref, delta=delta)
     up.update_pairwise(engine, ro, Sums(), up.Shape(a, 2, 1.0, 16, 4), a, a.kl_coef)
 
 
 def ppo_update(engine, ro, a):
-    ro.values = torch.full_like(ro.mask, 0.3)  # a fixed critic
-    out = ADVANTAGES.get("gae")(AdvantageInputs(scores=ro.scores, mask=ro.mask, old_logp=ro.old_logp,
-                                                ref_logp=ro.ref_logp, values=ro.values), advantage_config(a, a, a.kl_coef))
-    ro.adv, ro.returns = out.adv.float(), out.returns
+    ro.put(values=torch.full_like(ro.mask, 0.3))  # a fixed critic
+    out = ADVANTAGES.get("gae")(AdvantageInputs(scores=ro.scores, mask=ro.mask, old_logp=ro.get("old_logp"),
+                                                ref_logp=ro.get("ref_logp"), values=ro.get("values")),
+                                advantage_config(a, a, a.kl_coef))
+    ro.put(adv=out.adv.float(), returns=out.returns)
     up.update_policy(engine, ro, Sums(), up.Shape(a, 2, 1.0, 16, 4), a.kl_coef)
 
 

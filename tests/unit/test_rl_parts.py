@@ -199,11 +199,29 @@ def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
     exp.prepare(ro, kl_coef=0.0)
     col = ro.prompt_lens[1] - 1  # the first completion token of row 1
     if correction == "none":
-        assert ro.old_logp is None and ro.is_weight is None and torch.equal(ro.mask, mask_before)
+        assert ro.get("old_logp") is None and ro.get("is_weight") is None and torch.equal(ro.mask, mask_before)
         return
-    assert float(ro.is_metrics["engine_logp_gap_max"]) == pytest.approx(2.0, abs=1e-5)
+    assert float(ro.metrics["engine_logp_gap_max"]) == pytest.approx(2.0, abs=1e-5)
     if correction == "tis":
-        assert float(ro.is_weight[1, col]) == 2.0 and torch.equal(ro.mask, mask_before)
-        assert float(ro.is_metrics["is_corrected_frac"]) == pytest.approx(1 / float(mask_before.sum()))
+        assert float(ro.get("is_weight")[1, col]) == 2.0 and torch.equal(ro.mask, mask_before)
+        assert float(ro.metrics["is_corrected_frac"]) == pytest.approx(1 / float(mask_before.sum()))
     else:
         assert float(ro.mask[1, col]) == 0.0 and float((mask_before - ro.mask).sum()) == 1.0
+
+
+@pytest.mark.parametrize("algo, has_reference, correction, want", [
+    (dict(advantage="grpo"), True, "none", {"adv", "ref_logp"}),  # mu=1: the ratio's pi_old is the forward's own
+    (dict(advantage="grpo"), False, "tis", {"adv", "old_logp", "is_weight"}),  # vLLM's log-probs corrected
+    (dict(advantage="grpo", updates_per_rollout=2), True, "none", {"adv", "old_logp", "ref_logp"}),
+    (dict(advantage="grpo_process"), True, "none", {"adv", "ref_logp", "step_ends", "step_scores"}),
+    (dict(advantage="gae", kl_in="reward"), True, "none", {"adv", "old_logp", "ref_logp", "values", "returns"}),
+    (dict(pairwise_loss="p3o_joint"), True, "none", {"old_logp", "ref_logp", "pair_scores", "pair_s_ref", "delta"}),
+])
+def test_a_rollout_carries_what_its_estimator_or_loss_declares(algo, has_reference, correction, want):
+    from omegaconf import OmegaConf
+
+    from rlft.config import RLConfig
+
+    a = OmegaConf.merge(OmegaConf.structured(RLConfig), algo)
+    assert experience.rollout_needs(a, has_reference, correction) == want
+    assert want <= set(rb.EXTRAS)

@@ -119,12 +119,14 @@ def test_step_columns_with_trailing_spaces_and_blank_lines(tok):
 def _rollout(prompts, comps, scores, per_source, truncated, step_ends=None):
     ids, attn, mask = rb.build_sequences(prompts, comps, PAD)
     n = len(comps)
-    return rb.Rollout(rows=[{"prompt": f"p{i}", "answer": str(i)} for i in range(n)],
-                      prompt_texts=[f"pt{i}" for i in range(n)], completions=[f"c{i}" for i in range(n)],
-                      completion_ids=comps, input_ids=ids, attention_mask=attn, mask=mask,
-                      truncated=torch.tensor(truncated), prompt_lens=[len(p) for p in prompts],
-                      scores=torch.tensor(scores, dtype=torch.float64), per_source=per_source,
-                      step_ends=step_ends, step_scores=[[0.5] * len(e) for e in step_ends] if step_ends else None)
+    ro = rb.Rollout(rows=[{"prompt": f"p{i}", "answer": str(i)} for i in range(n)],
+                    prompt_texts=[f"pt{i}" for i in range(n)], completions=[f"c{i}" for i in range(n)],
+                    completion_ids=comps, input_ids=ids, attention_mask=attn, mask=mask,
+                    truncated=torch.tensor(truncated), prompt_lens=[len(p) for p in prompts],
+                    scores=torch.tensor(scores, dtype=torch.float64), per_source=per_source)
+    if step_ends:
+        ro.put(step_ends=step_ends, step_scores=[[0.5] * len(e) for e in step_ends])
+    return ro
 
 
 def test_concat_rows_keeps_rows_scores_and_masks():
@@ -141,7 +143,8 @@ def test_concat_rows_keeps_rows_scores_and_masks():
     assert out.per_source == {"correctness": [0.25, 0.0, 1.0]}
     assert out.truncated.tolist() == [False, True, False]
     assert out.prompt_lens == [4, 1, 2]
-    assert out.step_ends == [[7], [1, 3], [2]]
+    assert out.get("step_ends") == [[7], [1, 3], [2]]
+    assert out.get("step_scores") == [[0.5], [0.5, 0.5], [0.5]]
     assert out.input_ids.shape == (3, 10)
     assert out.input_ids[0].tolist() == [20, 21, 22, 23, 24, 25, 26, 27, 28, EOS]
     assert out.input_ids[2].tolist() == [10, 11, 13, EOS] + [PAD] * 6
@@ -254,9 +257,8 @@ def _pair_rollout(n_prompts: int, group: int) -> rb.Rollout:
                     attention_mask=attn, mask=mask, truncated=torch.zeros(n, dtype=torch.bool),
                     prompt_lens=[1] * n, scores=torch.arange(n, dtype=torch.float32),
                     per_source={"correctness": list(range(n))})
-    ro.adv = torch.arange(n, dtype=torch.float32)[:, None].expand(n, 2).clone()
-    ro.pair_scores = torch.stack([ro.scores[0::2], ro.scores[1::2]], -1)
-    ro.delta = ro.scores[0::2] - ro.scores[1::2]
+    ro.put(adv=torch.arange(n, dtype=torch.float32)[:, None].expand(n, 2).clone(),
+           pair_scores=torch.stack([ro.scores[0::2], ro.scores[1::2]], -1), delta=ro.scores[0::2] - ro.scores[1::2])
     return ro
 
 
@@ -279,9 +281,18 @@ def test_take_reorders_every_row_field_and_pairs_follow_their_rows():
     assert out.completion_ids == [ro.completion_ids[i] for i in order]
     assert out.input_ids.tolist() == ro.input_ids[order].tolist()
     assert out.scores.tolist() == [float(i) for i in order]
-    assert out.adv[:, 0].tolist() == [float(i) for i in order]
+    assert out.get("adv")[:, 0].tolist() == [float(i) for i in order]
     assert out.per_source["correctness"] == order
     # pair j of the result is rows (2j, 2j+1) of the result
-    assert out.pair_scores.tolist() == torch.stack([out.scores[0::2], out.scores[1::2]], -1).tolist()
-    assert out.delta.tolist() == (out.scores[0::2] - out.scores[1::2]).tolist()
+    assert out.get("pair_scores").tolist() == torch.stack([out.scores[0::2], out.scores[1::2]], -1).tolist()
+    assert out.get("delta").tolist() == (out.scores[0::2] - out.scores[1::2]).tolist()
     assert ro.scores.tolist() == list(range(8))  # the original is untouched
+
+
+def test_a_rollout_holds_only_known_extras_and_names_what_is_missing():
+    ro = _pair_rollout(1, 2)
+    assert ro.get("ref_logp") is None
+    with pytest.raises(KeyError, match="unknown rollout extra 'advantages'"):
+        ro.put(advantages=ro.scores)
+    with pytest.raises(ValueError, match="the value loss reads the rollout's returns"):
+        ro.need("returns", "the value loss")
