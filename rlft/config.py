@@ -664,10 +664,12 @@ class AlgoSpec:
     """Samples completions and scores them with `reward.functions`."""
     rows: str = "qa"
     """The data rows it reads: qa (question/answer), preference (prompt/chosen/rejected), steps (step labels)."""
+    demonstrations: bool = False
+    """Trains on the environment's demonstrations (prompt + response within train.max_seq_len)."""
 
 
 ALGOS: dict[str, AlgoSpec] = {
-    "sft": AlgoSpec(SFTConfig, "sft:run"),
+    "sft": AlgoSpec(SFTConfig, "sft:run", demonstrations=True),
     "rm": AlgoSpec(RMConfig, "reward:run_rm", rows="preference"),
     "prm": AlgoSpec(PRMConfig, "reward:run_prm", rows="steps"),
     "dpo": AlgoSpec(DPOConfig, "dpo:run", rows="preference"),
