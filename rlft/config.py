@@ -664,10 +664,12 @@ class AlgoSpec:
     """Samples completions and scores them with `reward.functions`."""
     rows: str = "qa"
     """The data rows it reads: qa (question/answer), preference (prompt/chosen/rejected), steps (step labels)."""
+    demonstrations: bool = False
+    """Trains on the environment's demonstrations (prompt + response within train.max_seq_len)."""
 
 
 ALGOS: dict[str, AlgoSpec] = {
-    "sft": AlgoSpec(SFTConfig, "sft:run"),
+    "sft": AlgoSpec(SFTConfig, "sft:run", demonstrations=True),
     "rm": AlgoSpec(RMConfig, "reward:run_rm", rows="preference"),
     "prm": AlgoSpec(PRMConfig, "reward:run_prm", rows="steps"),
     "dpo": AlgoSpec(DPOConfig, "dpo:run", rows="preference"),
@@ -737,7 +739,12 @@ def derive(cfg) -> None:
         if rollout % a.minibatches_per_rollout:
             raise ConfigError(f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout} is not divisible "
                               f"by algo.minibatches_per_rollout={a.minibatches_per_rollout}")
-        cfg.train.batch_size = rollout // a.minibatches_per_rollout
+        batch, given = rollout // a.minibatches_per_rollout, cfg.train.batch_size
+        if given not in (batch, TrainConfig.batch_size):  # set by the user, and RL would replace it
+            raise ConfigError(f"train.batch_size={given} is not read by RL: an optimizer step trains on its share of "
+                              f"the rollout, rollout.prompts_per_step x rollout.samples_per_prompt / "
+                              f"algo.minibatches_per_rollout = {batch} sequences; set those instead")
+        cfg.train.batch_size = batch
     if cfg.train.max_samples < 0:
         raise ConfigError(f"train.max_samples={cfg.train.max_samples} must be >= 0 (0: train.max_steps decides)")
     if cfg.train.max_samples:

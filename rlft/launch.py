@@ -103,6 +103,10 @@ def preflight(cfg) -> None:
             check_sources(cfg, rows[0])
     else:
         inputs.rows_of(cfg, spec.rows, "train")
+    if spec.demonstrations:
+        from rlft.models import load_tokenizer
+
+        inputs.check_demonstrations_fit(cfg, load_tokenizer(cfg.model, handoff.resolve_model_path(cfg)))
 
 
 def quiet_environment() -> None:

@@ -107,7 +107,7 @@ class Runner:
     def parent(self, name: str) -> None:
         if not complete(self.root / name):
             preset = PARENTS[name] if self.args.reward_data == "policy" else PARENTS[name][:1]
-            self.rlft("train", *preset, *self.threads(), *self.common, *parent_args(self.args.parent_arg, name))
+            self.rlft("train", *preset, *self.threads(), *self.common, *scoped_args(self.args.parent_arg, name))
 
     def train_and_eval(self, row: str, overrides: list[str], seed: int) -> None:
         out = self.root / "table" / row / f"s{seed}"
@@ -118,7 +118,7 @@ class Runner:
                                  f"{self.args.budget}; use another --run for another budget")
         else:
             self.rlft("train", *overrides, f"train.max_samples={self.args.budget}", f"seed={seed}", f"run.dir={out}",
-                      *self.threads(), *self.common, *self.args.rl_arg)
+                      *self.threads(), *self.common, *scoped_args(self.args.rl_arg, row))
         self.evaluate(out / "final", f"{row}-s{seed}")
 
     def evaluate(self, model: Path | str, tag: str) -> None:
@@ -134,8 +134,9 @@ def trained_budget(stage_dir: Path) -> int:
     return int(OmegaConf.select(OmegaConf.load(stage_dir / "config.yaml"), "train.max_samples", default=0))
 
 
-def parent_args(specs: list[str], name: str) -> list[str]:
-    """The --parent-arg overrides for one parent: `key=value` for all, `rm,prm:key=value` for those named."""
+def scoped_args(specs: list[str], name: str) -> list[str]:
+    """The --parent-arg or --rl-arg overrides for one parent or row: `key=value` for all, `rm,prm:key=value`
+    (`dpo,rft:key=value`) for those named."""
     out = []
     for spec in specs:
         head, sep, override = spec.partition(":")
@@ -177,7 +178,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--rows", default="", help="comma-separated rows (default: all)")
     p.add_argument("--jobs", type=int, default=1, help="trainings/evaluations at once (one CPU thread each)")
     p.add_argument("--eval-problems", type=int, default=200, help="held-out problems per evaluation")
-    p.add_argument("--rl-arg", action="append", default=[], help="an override for the row trainings only")
+    p.add_argument("--rl-arg", action="append", default=[], help="an override for the row trainings only; `dpo,rft:key=value` for some rows "
+                   "(e.g. train.batch_size, which only the offline rows read)")
     p.add_argument("--parent-arg", action="append", default=[],
                    help="an override for the SFT/RM/PRM trainings; `rm,prm:key=value` for some of them")
     p.add_argument("--reward-data", choices=["policy", "data"], default="policy",

@@ -166,6 +166,23 @@ def sft_examples(cfg, tokenizer, split: str = "train") -> list[dict]:
     return kept
 
 
+def check_demonstrations_fit(cfg, tokenizer) -> None:
+    """A one-line DataError when no training prompt leaves room for a response token in
+    train.max_seq_len (every SFT example would be dropped); stops at the first prompt that fits."""
+    from rlft import envs
+    from rlft.data.loading import DataError
+
+    limit, shortest = cfg.train.max_seq_len, None
+    for r in envs.build(cfg).rows("train"):
+        n = len(encode.encode_prompt(tokenizer, render(cfg, tokenizer, r["prompt"])))
+        if n < limit:
+            return
+        shortest = n if shortest is None else min(shortest, n)
+    if shortest is not None:
+        raise DataError(f"no SFT example fits train.max_seq_len={limit}: every training prompt alone fills it "
+                        f"(the shortest has {shortest} tokens); raise train.max_seq_len above {shortest}")
+
+
 def pair_examples(cfg, tokenizer, split: str = "train") -> list[dict]:
     return [encode.encode_pair(tokenizer, render(cfg, tokenizer, r["prompt"]), r["chosen"], r["rejected"],
                                cfg.train.max_seq_len)

@@ -22,7 +22,7 @@ ARGS = ["--run", "tb", "--rows", "grpo,dpo,rft", "--seeds", "0", "--budget", str
         "--parent-arg", "train.max_steps=2", "--parent-arg", "train.batch_size=8",
         "--parent-arg", "train.micro_batch_per_device=8", "--reward-data", "data",
         "--rl-arg", "rollout.prompts_per_step=2", "--rl-arg", "train.micro_batch_per_device=4",
-        "--rl-arg", "train.batch_size=4", "--rl-arg", f"reward.functions=[{USER_REWARD}:alternate]",
+        "--rl-arg", "dpo,rft:train.batch_size=4", "--rl-arg", f"reward.functions=[{USER_REWARD}:alternate]",
         "--rl-arg", "rollout.max_new_tokens=64",  # offline RFT keeps finished samples only
         "--", *TINY, "rollout.max_new_tokens=12", "eval.max_new_tokens=12", "eval.samples=2", "eval.k=[1,2]",
         "eval.policy_samples=2"]
