@@ -35,6 +35,12 @@ ROWS = {
                       "min_digits:1,max_digits:2}"],
     "gym_basic_arithmetic": ["env=reasoning_gym", "env.task=basic_arithmetic",
                              "env.task_config={min_terms:2,max_terms:3,min_digits:1,max_digits:2}"],
+    "gym_chain_sum_1d": ["env=reasoning_gym", "env.task=chain_sum", "env.task_config={min_terms:2,max_terms:3,"
+                         "min_digits:1,max_digits:1}"],
+    "gym_spell_backward": ["env=reasoning_gym", "env.task=spell_backward",
+                           "env.task_config={min_word_len:3,max_word_len:5}"],
+    "gym_letter_counting": ["env=reasoning_gym", "env.task=letter_counting",
+                            "env.task_config={min_words:3,max_words:5}"],
     "python": ["env=python", "env.instruction=", "rollout.max_new_tokens=128"],
 }
 CALC_LINE = re.compile(r"(?:<<)?\s*([-+*/().\d\s]*\d[-+*/().\d\s]*?)\s*=\s*(-?\d+(?:\.\d+)?)(?:>>)?\s*")
