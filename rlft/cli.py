@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sys
 
+from rlft.errors import USER_ERRORS
+
 USAGE = """usage: rlft <command> [options] [key=value ...]
 
 commands:
@@ -41,22 +43,6 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def _user_errors() -> tuple[type, ...]:
-    from rlft.config import ConfigError
-    from rlft.data.loading import DataError
-    from rlft.engine import DiskFullError, NonFiniteError
-    from rlft.handoff import MissingInputError
-    from rlft.launch import LaunchError
-    from rlft.registry import UnknownNameError
-    from rlft.rewards.scoring import RewardError
-    from rlft.rundir import RunDirError
-    from rlft.signals import Interrupted
-    from rlft.stages.common import StageError
-
-    return (ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError, StageError, NonFiniteError,
-            RunDirError, Interrupted, DiskFullError, RewardError)
-
-
 def _train_job(cfg) -> float | None:
     """One training job; returns run.objective from its summary (what a search sweeper optimises)."""
     from rlft import handoff
@@ -67,7 +53,7 @@ def _train_job(cfg) -> float | None:
     try:
         validate(cfg)
         launch_train(cfg)
-    except _user_errors() as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
     manifest = handoff.read_manifest(job_dir(cfg)) or {}
     return objective_value(manifest.get("summary") or {}, cfg.run.objective)
@@ -81,7 +67,7 @@ def _eval_job(cfg) -> None:
         from rlft.eval.evaluate import run_eval
 
         run_eval(cfg)
-    except _user_errors() as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
 
 

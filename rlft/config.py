@@ -20,10 +20,7 @@ from enum import Enum
 from typing import Any, Optional
 
 from rlft.data.synthetic import TaskSpec
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported as one line naming the fix."""
+from rlft.errors import ConfigError  # noqa: F401 (re-exported)
 
 
 # ----------------------------------------------------------------------------- fixed choices
@@ -956,7 +953,7 @@ def validate_numbers(cfg) -> None:
 
 def validate_rollout(r) -> None:
     from rlft.algos import IS_CORRECTIONS
-    from rlft.rollout.generate import ENGINES
+    from rlft.rollout.sampling import ENGINES
 
     _check_choice("rollout.engine", r.engine, list(ENGINES))
     _check_choice("rollout.is_correction", r.is_correction, ["auto"] + IS_CORRECTIONS.names())

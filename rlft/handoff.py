@@ -17,13 +17,10 @@ import time
 from pathlib import Path
 
 from rlft.engine.integrity import damage
+from rlft.errors import MissingInputError  # noqa: F401 (re-exported)
 
 STAGE_PREFIX = "stage:"
 BUILTIN_MODEL = "builtin:tiny"
-
-
-class MissingInputError(FileNotFoundError):
-    """An input checkpoint does not exist; the message names the command that makes it."""
 
 
 def stage_dir(cfg) -> Path:

@@ -19,10 +19,7 @@ from omegaconf import OmegaConf
 
 from rlft import handoff, rundir, signals
 from rlft.config import algo_spec, grad_accum_steps, trains_critic
-
-
-class LaunchError(RuntimeError):
-    pass
+from rlft.errors import LaunchError, RankUserError  # noqa: F401 (re-exported)
 
 
 def job_dir(cfg) -> Path:
@@ -61,10 +58,6 @@ def write_config(cfg, path: Path) -> None:
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     tmp.write_text(OmegaConf.to_yaml(cfg))
     os.replace(tmp, path)
-
-
-class RankUserError(LaunchError):
-    """A rank stopped on a user error (bad data, missing input); its one-line message."""
 
 
 def preflight(cfg) -> None:

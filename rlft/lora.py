@@ -6,7 +6,7 @@ through it unchanged. Only the adapter trains, plus a reward or value model's sc
 writes stays a plain Hugging Face model:
 
     merged_state_dict   W = W_base + scaling * B @ A for every adapted layer, under the plain names
-    adapter_state_dict  the adapter alone, in peft's file format (PeftModel.from_pretrained reads it)
+    adapter_state_dict  the adapter alone, picked and named by peft (PeftModel.from_pretrained reads it)
     adapter_disabled    the base model for the duration: RL's reference without a second copy
 
 QLoRA (`model.lora.load_in_4bit`): the base is loaded in 4 bits by transformers' bitsandbytes support;
@@ -18,7 +18,7 @@ docs/lora.md has the options and what was tested.
 from __future__ import annotations
 
 import contextlib
-import json
+import copy
 from pathlib import Path
 
 import torch
@@ -196,20 +196,24 @@ def merged_weights(model: torch.nn.Module, named):
             yield f"{module}.weight", merged.to(parts["base"].dtype)
 
 
-def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapter's tensors under peft's saved names (base_model.model.<module>.lora_A.weight)."""
-    return {"base_model.model." + k.replace(f".{ADAPTER}.", "."): v.contiguous()
-            for k, v in state.items() if ".lora_" in k}
+def adapter_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter's tensors of a full (gathered) state dict, as peft saves them: peft picks and names
+    them (get_peft_model_state_dict); the `base_model.model.` prefix is where a PeftModel holds the model
+    that rlft trains unwrapped."""
+    from peft import get_peft_model_state_dict
+
+    picked = get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER)
+    return {"base_model.model." + k: v.contiguous() for k, v in picked.items()}
 
 
 def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], out_dir: Path) -> None:
-    """Write the adapter in peft's format (adapter_config.json, adapter_model.safetensors); a reward
-    model's trained head is in the merged model beside it."""
+    """Write the adapter as peft does (its LoraConfig.save_pretrained, adapter_model.safetensors), so that
+    PeftModel.from_pretrained reads it; a reward model's trained head is in the merged model beside it."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = model.rlft_lora_config.to_dict()
-    config["base_model_name_or_path"] = None
-    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=list) + "\n")
-    save_file(adapter_state_dict(state), str(out_dir / "adapter_model.safetensors"))
+    config = copy.deepcopy(model.rlft_lora_config)
+    config.base_model_name_or_path = None  # the merged model beside it is the plain model; no hub id
+    config.save_pretrained(str(out_dir))
+    save_file(adapter_state_dict(model, state), str(out_dir / "adapter_model.safetensors"))

@@ -18,15 +18,9 @@ from __future__ import annotations
 
 import importlib
 from typing import Callable, Iterator, TypeVar
+from rlft.errors import UnknownNameError  # noqa: F401 (re-exported)
 
 F = TypeVar("F", bound=Callable)
-
-
-class UnknownNameError(KeyError):
-    """Raised by `Registry.get` for a name that was never registered."""
-
-    def __str__(self) -> str:  # KeyError would wrap the message in quotes
-        return str(self.args[0])
 
 
 def import_path(spec: str, what: str, valid: str) -> tuple[object, str, str]:

@@ -20,20 +20,9 @@ import time
 from pathlib import Path
 
 from rlft import handoff
+from rlft.errors import CompletedStageError, RunDirError, StageLockedError  # noqa: F401 (re-exported)
 
 LOCK = ".lock"
-
-
-class RunDirError(RuntimeError):
-    """The stage directory cannot be written by this run (reported as one line)."""
-
-
-class StageLockedError(RunDirError):
-    """Another live run is writing this stage directory."""
-
-
-class CompletedStageError(RunDirError):
-    """The stage directory holds a completed stage and neither resume nor overwrite was asked for."""
 
 
 def pid_alive(pid: int) -> bool:

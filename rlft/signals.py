@@ -13,13 +13,10 @@ import ctypes
 import os
 import signal
 import sys
+from rlft.errors import Interrupted  # noqa: F401 (re-exported)
 
 PR_SET_PDEATHSIG = 1
 _requested: str | None = None
-
-
-class Interrupted(RuntimeError):
-    """Training stopped on a signal (after writing a checkpoint when it could)."""
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
     from rlft import signals
-    from rlft.cli import _user_errors
+    from rlft.errors import USER_ERRORS
     from rlft.engine import dist
 
     signals.die_with_parent()  # the launcher's death (however it died) stops this rank
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
         # for the next job of a sweep)
         dist.shutdown()
         exit_now(0)
-    except _user_errors() as exc:
+    except USER_ERRORS as exc:
         report(exc)
         # every rank stops on a signal together (they agree on it), so they all exit 0 and the launcher
         # stays quiet; any other error exits non-zero so that the launcher stops the other ranks

@@ -16,15 +16,12 @@ Column names that differ are renamed first with `map_fields` (config: `data.fiel
 
 import json
 from pathlib import Path
+from rlft.errors import DataError  # noqa: F401 (re-exported)
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 ROW = "_row"  # a local file's rows carry their 1-based row number under this key
-
-
-class DataError(ValueError):
-    """A problem with the user's data, reported in one line that says where and how to fix it."""
 
 
 def _looks_local(source: str) -> bool:

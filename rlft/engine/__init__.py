@@ -25,13 +25,10 @@ from rlft import lora
 from rlft.config import grad_accum_steps
 from rlft.engine import dist
 from rlft.engine.integrity import write_checksums
+from rlft.errors import DiskFullError, NonFiniteError  # noqa: F401 (re-exported)
 
 
 CHECKPOINT_CONFIG = "config.json"
-
-
-class NonFiniteError(RuntimeError):
-    """Training produced non-finite values (loss, gradients or weights); nothing non-finite is saved."""
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, t) -> torch.optim.lr_scheduler.LambdaLR:
@@ -395,10 +392,6 @@ def save_hf_dir(model, state_dict, tokenizer, out_dir: Path) -> None:
         raise_if_disk_full(exc, tmp, str(out_dir))
         raise
     replace_dir(tmp, out_dir)
-
-
-class DiskFullError(OSError):
-    """Not enough disk space for what a stage must write; what was there before stays intact."""
 
 
 def space_shortage(directory: Path, need_bytes: int, what: str) -> str | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from rlft.envs.base import Environment, Reply
-from rlft.rollout.generate import Generations, Sampling
+from rlft.rollout.sampling import Generations, Sampling
 
 MAX_CALLS_PER_TURN = 4  # engine calls per allowed turn: a stop string that opens no tool call costs one
 

@@ -26,6 +26,7 @@ from rlft.data.encode import collate_padded, encode_steps, pad_to
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
 from rlft.registry import UnknownNameError, import_path
 from rlft.rewards.verifiers import REWARD_FUNCTIONS
+from rlft.errors import RewardError  # noqa: F401 (re-exported)
 
 MODEL_SOURCES = ("rm", "prm")
 ENV_SOURCE = "correctness"  # the environment's own outcome reward
@@ -41,10 +42,6 @@ def split_steps(text: str) -> tuple[list[str], list[int]]:
             ends.append(start + len(stripped))
         start += len(line) + 1
     return steps, ends
-
-
-class RewardError(RuntimeError):
-    """A user reward function broke its contract (one finite number per completion) or raised; one line."""
 
 
 WAIT_NOTICE_S = 5.0  # a call longer than this says, every WAIT_NOTICE_S x 2, what the run waits on

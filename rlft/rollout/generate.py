@@ -19,76 +19,18 @@ Engines (`rollout.engine`):
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import ContextManager, Iterator, Protocol
 
 import torch
 
 from rlft.data.encode import collate_padded
+from rlft.rollout.sampling import (ENGINES, Generations, ModelSource, RolloutEngine, Sampling, assemble,  # noqa: F401
+                                   cut_at_eos)
 
-ENGINES = ("auto", "hf", "vllm")
 # a checkpoint's own generation extras that reshape the distribution (a chat model's repetition
 # penalty, n-gram blocking) are switched off: samples come from the policy's distribution at the
 # configured temperature / top-k / top-p, the one its log-probs describe
 DISTRIBUTION_NEUTRAL = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_repetition_penalty=1.0,
                             min_new_tokens=None, min_length=0, bad_words_ids=None, sequence_bias=None)
-
-
-@dataclass
-class Sampling:
-    """What to sample: the distribution and the length."""
-    max_new_tokens: int = 128
-    do_sample: bool = True  # False: greedy
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    suppress_tokens: tuple = ()  # never sampled (benchmarks: fixed-length completions)
-    stop: tuple = ()  # strings that end a completion early (an environment's tool call); kept in it
-
-
-@dataclass
-class Generations:
-    prompt_index: list[int]          # which prompt each completion answers
-    completion_ids: list[list[int]]  # up to and including the first EOS
-    texts: list[str]                 # decoded completion, EOS and padding removed
-    truncated: list[bool]            # no EOS within max_new_tokens (nor a stop string)
-    logp: list[list[float]] = field(default_factory=list)  # sampler's log-prob of each completion token
-    stopped: list[bool] = field(default_factory=list)  # ended on one of Sampling.stop (not EOS, not length)
-    token_mask: list[list[int]] | None = None  # 1: a model token, 0: an environment token (multi-turn)
-    turns: list[int] | None = None           # model turns of each trajectory (multi-turn)
-    tool_calls: list[int] | None = None      # environment replies to tool calls
-    tool_errors: list[int] | None = None     # of which the tool reported an error
-
-
-class RolloutEngine(Protocol):
-    """What a sampling engine offers the stages."""
-    name: str
-
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling,
-                 seed: int | None = None) -> Generations: ...
-
-    def sync_weights(self, version: int) -> None:
-        """Make the engine sample from the trainer's current weights (`version`: the optimizer
-        step they come from; a no-op when the engine already holds them)."""
-
-    def sleep(self) -> None:
-        """Free the engine's device memory while the trainer updates (where the engine can)."""
-
-    def wake(self) -> None: ...
-
-    def describe(self) -> str: ...
-
-    def close(self) -> None:
-        """Release the engine for good (a later engine in the same process may then start)."""
-
-
-def cut_at_eos(tokens: list[int], eos_id: int, pad_id: int) -> tuple[list[int], bool]:
-    """(tokens up to and including the first EOS, truncated?)"""
-    if eos_id in tokens:
-        return tokens[:tokens.index(eos_id) + 1], False
-    while tokens and tokens[-1] == pad_id and pad_id != eos_id:
-        tokens = tokens[:-1]
-    return tokens, True
 
 
 def cut_turn(tokens: list[int], eos_id: int, pad_id: int, stop: tuple, tokenizer) -> tuple[list[int], bool, bool]:
@@ -162,17 +104,6 @@ def hf_processors(sampling: Sampling, recorder: SampledLogp):
             out.append(TopPLogitsWarper(sampling.top_p))
     out.append(recorder)
     return out
-
-
-class ModelSource(Protocol):
-    """Where an engine finds the weights to sample from: the trainer's `Engine`, or `Frozen`."""
-    module: torch.nn.Module
-
-    def gathered(self) -> ContextManager[torch.nn.Module]:
-        """The whole module for the duration (ZeRO-3 gathers its parameters once)."""
-
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(checkpoint name, full tensor) for every parameter, one at a time."""
 
 
 class Frozen:
@@ -249,19 +180,6 @@ class HFEngine:
                     results[k] = (tokens, truncated, lp[:len(tokens)], stopped)
             model.train(was_training)
         return assemble(rows, results, self.tokenizer)
-
-
-def assemble(rows: list[tuple[int, list[int]]], results: list[tuple[list[int], bool, list[float], bool]],
-             tokenizer) -> Generations:
-    out = Generations([], [], [], [], [], [])
-    for (index, _), (tokens, truncated, logp, stopped) in zip(rows, results):
-        out.prompt_index.append(index)
-        out.completion_ids.append(tokens)
-        out.texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
-        out.truncated.append(truncated)
-        out.logp.append(logp)
-        out.stopped.append(stopped)
-    return out
 
 
 def vllm_available() -> str | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from rlft.rollout.generate import Generations, ModelSource, Sampling, assemble, cut_at_eos
+from rlft.rollout.sampling import Generations, ModelSource, Sampling, assemble, cut_at_eos
 
 SEED_MOD = 2**31 - 1
 

@@ -22,10 +22,7 @@ from rlft.config import samples_per_step
 from rlft.engine import CHECKPOINT_CONFIG, Engine, dist, list_checkpoints
 from rlft.engine.integrity import damage
 from rlft.tracking import Tracker
-
-
-class StageError(RuntimeError):
-    """A stage cannot go on for a reason the user can fix; reported as one line."""
+from rlft.errors import StageError  # noqa: F401 (re-exported)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from rlft.data.encode import encode_prompt
 from rlft.engine import Engine, dist, save_hf_dir
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
-from rlft.rollout.generate import Sampling
+from rlft.rollout.sampling import Sampling
 from rlft.stages import common, inputs, policy_data
 from rlft.stages.reward import prm_loss, rm_loss, step_count
 

@@ -26,10 +26,8 @@ import time
 
 import pytest
 
-from conftest import (GLOO_ABORT, TINY, check_ok, cli_env, explain, free_port, popen_cli, read_manifest, run_cli,
-                      run_cli_retrying_abort, stage_dir, tmp_leftovers, train_records)
-
-pytestmark = pytest.mark.slow
+from helpers import (GLOO_ABORT, TINY, check_ok, cli_env, explain, free_port, popen_cli, read_manifest, run_cli,
+                     run_cli_retrying_abort, stage_dir, tmp_leftovers, train_records)
 
 STEPS = 4
 BASE = [*TINY, f"train.max_steps={STEPS}", "train.batch_size=8", "train.log_every=1", "train.lr=1e-2",
@@ -151,7 +149,7 @@ def test_two_node_launch_matches_single_rank(workdir, curves):
     logs = [workdir / f"node{r}.log" for r in (0, 1)]
     codes = launch_nodes(workdir, common, logs)
     if codes != [0, 0] and any(GLOO_ABORT in log.read_text() for log in logs):
-        # only the rare abort inside the CPU communication library (conftest.GLOO_ABORT) is retried
+        # only the rare abort inside the CPU communication library (helpers.GLOO_ABORT) is retried
         print("a rank aborted in the communication library; retrying once\n" + logs[1].read_text()[-2000:])
         shutil.rmtree(workdir / "runs" / name, ignore_errors=True)
         codes = launch_nodes(workdir, common, logs)

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from rlft.engine.integrity import damage
-from conftest import (SMALL_BATCH, TINY, check_ok, load_safetensors, one_line_error, popen_cli, read_manifest,
-                      run_cli, stage_dir)
+from helpers import (SMALL_BATCH, TINY, check_ok, load_safetensors, one_line_error, popen_cli, read_manifest, run_cli,
+                     stage_dir)
 
 # a constant schedule, so a run extended on resume matches one trained to the longer length at once
 SFT = ["algo=sft", *TINY, *SMALL_BATCH, "train.lr_schedule=constant", "train.warmup_steps=0"]

@@ -15,10 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import (TINY, check_ok, load_safetensors, read_manifest, run_cli, tmp_leftovers,
-                      train_records)
-
-pytestmark = pytest.mark.slow
+from helpers import TINY, check_ok, load_safetensors, read_manifest, run_cli, tmp_leftovers, train_records
 
 
 ARGS = ["train.max_steps=2", *TINY, "train.batch_size=8", "train.micro_batch_per_device=4", "train.log_every=1",

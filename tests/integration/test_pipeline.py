@@ -10,12 +10,7 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from conftest import REPO, TINY, cli_env, read_manifest
-from rl_helpers import RL_SMALL
-
-pytestmark = pytest.mark.slow
+from helpers import REPO, RL_SMALL, TINY, cli_env, read_manifest
 
 SCRIPT = REPO / "scripts" / "pipeline.sh"
 RL_STEPS = 30

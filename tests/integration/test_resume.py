@@ -20,10 +20,8 @@ import time
 import pytest
 import torch
 
-from conftest import (TINY, check_ok, load_safetensors, popen_cli, read_manifest, run_cli, stage_dir,
-                      tmp_leftovers, train_records)
-
-pytestmark = pytest.mark.slow
+from helpers import (TINY, check_ok, load_safetensors, popen_cli, read_manifest, run_cli, stage_dir, tmp_leftovers,
+                     train_records)
 
 ARGS = ["train", "algo=sft", *TINY, "train.max_steps=12", "train.save_every=4", "train.keep_checkpoints=3",
         "train.batch_size=8", "train.micro_batch_per_device=4", "train.log_every=1", "train.lr=1e-2",

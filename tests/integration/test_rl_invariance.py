@@ -24,9 +24,7 @@ import sys
 import pytest
 import torch
 
-from conftest import GLOO_ABORT, REPO, cli_env, free_port
-
-pytestmark = pytest.mark.slow
+from helpers import GLOO_ABORT, REPO, cli_env, free_port
 
 TOL = 1e-5
 AGGS = ["seq-mean-token-mean", "token-mean", "constant-norm"]
@@ -218,7 +216,7 @@ def run_worker(tmp_path, nproc: int, cases: list[dict]) -> dict:
                f"--master_port={free_port()}", str(tmp_path / "worker.py"), str(out), str(spec)]
         proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(PYTHONPATH=str(REPO)), capture_output=True,
                               text=True, timeout=400)
-        # only the rare abort inside the CPU communication library (conftest.GLOO_ABORT) is
+        # only the rare abort inside the CPU communication library (helpers.GLOO_ABORT) is
         # retried, once, and reported; anything else fails
         if proc.returncode == 0 or GLOO_ABORT not in proc.stderr or attempt == 2:
             break

@@ -17,10 +17,7 @@ import shutil
 
 import pytest
 
-from conftest import check_ok, load_safetensors, read_manifest
-from rl_helpers import RL_SMALL, changed_tensors, make_parents, rl_cli
-
-pytestmark = pytest.mark.slow
+from helpers import RL_SMALL, changed_tensors, check_ok, load_safetensors, make_parents, read_manifest, rl_cli
 
 RUN = "rs"
 PPO = ["algo=ppo", "rollout.samples_per_prompt=1", "rollout.prompts_per_step=8", "train.micro_batch_per_device=2",
@@ -95,7 +92,7 @@ def test_a_multi_turn_run_resumes_to_the_uninterrupted_runs_weights(root):
     run(root, "mt_part", MULTI, "resume=true")
     a, b = load_safetensors(full / "final"), load_safetensors(part / "final")
     assert not changed_tensors(a, b, atol=1e-6), changed_tensors(a, b, atol=1e-6)[:5]
-    from conftest import read_metrics
+    from helpers import read_metrics
 
     recs = [r for r in read_metrics(full) if "turns" in r]
     assert recs and all(r["turns"] > 1 for r in recs)  # the trajectories were multi-turn

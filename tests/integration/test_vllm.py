@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from conftest import TINY, check_ok, load_safetensors, read_metrics, run_cli, run_cli_retrying_abort, stage_dir
-from rl_helpers import RL_SMALL, USER_REWARD, rl_env
+from helpers import (RL_SMALL, TINY, USER_REWARD, check_ok, load_safetensors, read_metrics, rl_env, run_cli,
+                     run_cli_retrying_abort, stage_dir)
 
 from rlft.rollout.generate import Sampling, vllm_available
 
@@ -188,7 +188,6 @@ def gaps(out) -> list[dict]:
     return recs
 
 
-@pytest.mark.slow
 def test_grpo_with_vllm_keeps_the_engine_equal_to_the_trainer_and_resumes_exactly(sft, tmp_path):
     """4 GRPO steps with TIS on: the engine's log-probs of its own samples equal the trainer's to 1e-5
     at every step (the weights synced after each update), so no token is corrected; then the same
@@ -225,7 +224,6 @@ def test_grpo_with_vllm_keeps_the_engine_equal_to_the_trainer_and_resumes_exactl
     assert all(torch.equal(whole[k], full[k]) for k in whole)  # checkpointing does not change the run
 
 
-@pytest.mark.slow
 def test_grpo_with_vllm_and_lora_syncs_the_merged_weights(sft, tmp_path):
     """With a LoRA adapter the engine receives base + adapter merged under the plain names: its
     log-probs still equal the trainer's at every step."""
@@ -238,7 +236,6 @@ def test_grpo_with_vllm_and_lora_syncs_the_merged_weights(sft, tmp_path):
     assert recs[-1]["kl"] > 0  # the adapter moved the policy away from the base model
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("zero,tp", [(3, 1), (2, 2)])
 def test_grpo_with_vllm_on_two_ranks(sft, tmp_path, zero, tp):
     """ZeRO-3: each rank's engine receives the partitioned weights gathered one parameter at a time.
@@ -265,7 +262,6 @@ def test_grpo_with_vllm_on_two_ranks(sft, tmp_path, zero, tp):
     assert all(r["engine_logp_gap_max"] < 1e-5 for r in recs), recs
 
 
-@pytest.mark.slow
 def test_offline_rft_and_eval_sample_through_vllm(sft, tmp_path):
     """The stages that sample from a frozen model: offline RFT (whose engine outlives its sampling
     while the fine-tuning runs) and `rlft eval` of two checkpoints (an engine each, one after the
@@ -286,7 +282,6 @@ def test_offline_rft_and_eval_sample_through_vllm(sft, tmp_path):
     assert metrics["num_problems"] == 6 and 0 <= metrics["pass@2"] <= 1 and 0 <= metrics["reward"] <= 1
 
 
-@pytest.mark.slow
 def test_grpo_learns_through_vllm_as_through_hf(sft, tmp_path):
     """16 GRPO steps on a reward a near-random policy can learn (the share of '7' characters), 3
     seeds per engine: every run multiplies its reward on fresh prompts (mean of the last 3 steps

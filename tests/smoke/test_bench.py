@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO, cli_env
+from helpers import REPO, cli_env
 
 
 def test_bench_runs_the_vllm_engine_with_fixed_lengths(tmp_path):

@@ -10,8 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from conftest import (TINY_MODEL, assert_finite, check_ok, read_manifest, run_cli, stage_dir, tmp_leftovers,
-                      train_records)
+from helpers import TINY_MODEL, assert_finite, check_ok, read_manifest, run_cli, stage_dir, tmp_leftovers, train_records
 
 STEPS = 2
 ARGS = ["data=jsonl", "model.path=builtin:tiny", *TINY_MODEL, f"train.max_steps={STEPS}", "train.batch_size=8",

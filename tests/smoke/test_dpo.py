@@ -5,8 +5,8 @@ import math
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import (SMALL_BATCH, TINY, assert_finite, check_ok, load_safetensors, read_manifest,
-                            run_cli, stage_dir, train_records)
+from helpers import (SMALL_BATCH, TINY, assert_finite, check_ok, load_safetensors, read_manifest, run_cli, stage_dir,
+                     train_records)
 
 
 def test_dpo_from_sft(tmp_path):

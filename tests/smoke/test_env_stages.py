@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from conftest import assert_finite, explain, load_safetensors, read_manifest, read_metrics, stage_dir
-from rl_helpers import RL_SMALL, USER_REWARD, changed_tensors, rl_cli
+from helpers import (RL_SMALL, USER_REWARD, assert_finite, changed_tensors, explain, load_safetensors, read_manifest,
+                     read_metrics, rl_cli, stage_dir)
 
 RUN = "env"
 SFT = ["algo=sft", "train.max_steps=3", "train.batch_size=8", "train.micro_batch_per_device=8", "train.save_every=0"]

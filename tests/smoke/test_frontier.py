@@ -6,11 +6,7 @@ import csv
 import subprocess
 import sys
 
-import pytest
-
-from conftest import REPO, TINY, cli_env
-
-pytestmark = pytest.mark.slow
+from helpers import REPO, TINY, cli_env
 
 ARGS = ["--run", "fr", "--algos", "grpo,p3o_separate", "--betas", "grpo=0.5", "--betas", "p3o_separate=0.05", "--budget", "16", "--seeds", "0,1",
         "--eval-problems", "4", "--policy-samples", "2",

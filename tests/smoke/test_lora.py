@@ -4,13 +4,9 @@ in peft's format, RL's reference is the base model with the adapter off, ZeRO-3 
 resume work."""
 from __future__ import annotations
 
-import pytest
 import torch
 
-from conftest import TINY, check_ok, load_safetensors, read_metrics, stage_dir
-from rl_helpers import RL_SMALL, USER_REWARD, make_parents, rl_cli
-
-pytestmark = pytest.mark.slow
+from helpers import RL_SMALL, USER_REWARD, check_ok, load_safetensors, make_parents, read_metrics, rl_cli, stage_dir
 
 RUN = "lo"
 LORA = ["model.lora.rank=4", "model.lora.alpha=8"]

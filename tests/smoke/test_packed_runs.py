@@ -7,10 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import check_ok, load_safetensors, read_metrics, stage_dir
-from rl_helpers import RL_SMALL, USER_REWARD, make_parents, rl_cli
-
-pytestmark = pytest.mark.slow
+from helpers import RL_SMALL, USER_REWARD, check_ok, load_safetensors, make_parents, read_metrics, rl_cli
 
 RUN = "pk"
 SMALL = ["train.batch_size=8", "train.micro_batch_per_device=4", "train.log_every=1", "train.save_every=0",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from conftest import REPO, TINY, TINY_MODEL, check_ok, one_line_error, read_manifest, run_cli, stage_dir
+from helpers import REPO, TINY, TINY_MODEL, check_ok, one_line_error, read_manifest, run_cli, stage_dir
 
 POLICY = ["algo.source=policy", "algo.num_prompts=6", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16",
           "train.max_steps=2", "train.batch_size=4", "train.micro_batch_per_device=4", "train.log_every=1"]

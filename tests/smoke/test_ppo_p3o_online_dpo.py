@@ -6,8 +6,8 @@ import pytest
 
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from conftest import assert_finite, check_ok, one_line_error, load_safetensors, read_manifest, stage_dir, train_records
-from rl_helpers import RL_SMALL, USER_REWARD, changed_tensors, make_parents, rl_cli
+from helpers import (RL_SMALL, USER_REWARD, assert_finite, changed_tensors, check_ok, load_safetensors, make_parents,
+                     one_line_error, read_manifest, rl_cli, stage_dir, train_records)
 
 
 def test_ppo_value_loss_falls_and_policy_moves(tmp_path):

@@ -9,11 +9,9 @@ import json
 import pytest
 import torch
 
-from conftest import check_ok, load_safetensors, read_metrics, stage_dir
-from rl_helpers import RL_SMALL, USER_REWARD, rl_cli
+from helpers import RL_SMALL, USER_REWARD, check_ok, load_safetensors, read_metrics, rl_cli, stage_dir
 from test_lora import load_adapter
 
-pytestmark = pytest.mark.slow
 pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes (installed by .[test])")
 
 RUN = "ql"
@@ -97,7 +95,7 @@ def test_qlora_reward_models_and_dpo(tmp_path):
 
 
 def test_qlora_refuses_zero3_and_the_built_in_model(tmp_path):
-    from conftest import one_line_error
+    from helpers import one_line_error
 
     proc = rl_cli(tmp_path, "train", "algo=sft", f"run.name={RUN}", "train.max_steps=1", *QLORA, "engine=zero3")
     assert proc.returncode != 0 and "cannot be sharded by ZeRO-3" in one_line_error(proc)

@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
-from conftest import check_ok, load_safetensors, read_manifest, run_cli, stage_dir
-from rl_helpers import USER_REWARD, rl_env
-
-pytestmark = pytest.mark.slow
+from helpers import USER_REWARD, check_ok, load_safetensors, read_manifest, rl_env, run_cli, stage_dir
 
 CHAT = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}")

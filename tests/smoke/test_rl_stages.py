@@ -15,8 +15,8 @@ import shutil
 
 import pytest
 
-from conftest import TINY, assert_finite, explain, load_safetensors, one_line_error, read_manifest, read_metrics, run_cli, stage_dir
-from rl_helpers import RL_SMALL, USER_REWARD, changed_tensors, make_parents, rl_cli
+from helpers import (RL_SMALL, TINY, USER_REWARD, assert_finite, changed_tensors, explain, load_safetensors,
+                     make_parents, one_line_error, read_manifest, read_metrics, rl_cli, run_cli, stage_dir)
 
 RUN = "rl"
 
@@ -84,7 +84,6 @@ ALTERNATE = f"{USER_REWARD}:alternate"
 
 
 # ----------------------------------------------------------------------------- GRPO
-@pytest.mark.slow
 def test_grpo_outcome_rule_reward(work):
     train(work, "algo=grpo", "train.max_steps=2", f"reward.functions=[correctness,{ALTERNATE}]",
           "reward.weights=[1.0,0.5]", "train.lr=1e-3")
@@ -109,7 +108,6 @@ def test_a_reward_that_raises_mid_run_names_itself_the_step_and_the_checkpoint(w
                     "with the same command and resume=true"), line
 
 
-@pytest.mark.slow
 def test_grpo_process_supervision_with_the_prm(work):
     train(work, "algo=grpo_process", "train.max_steps=2", "train.lr=1e-3")  # its own preset: beta 1
     recs = check_rl_metrics(work, "grpo_process", 2, kl=True)
@@ -119,7 +117,6 @@ def test_grpo_process_supervision_with_the_prm(work):
     check_outputs(work, "grpo_process", all_changed=True)
 
 
-@pytest.mark.slow
 def test_grpo_process_min_with_the_exact_step_verifier_and_a_sample_budget(work):
     shutil.rmtree(stage_dir(work, RUN, "prm"))  # the exact verifier needs no PRM
     # a budget of 40 completions: 3 rollouts of 4 x 4 (the fewest that reach it)
@@ -139,7 +136,6 @@ def test_grpo_process_min_with_the_exact_step_verifier_and_a_sample_budget(work)
         check_outputs(work, "grpo", all_changed=False)
 
 
-@pytest.mark.slow
 def test_iterative_grpo_retrains_the_prm_and_resets_the_reference(work):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -167,7 +163,6 @@ def test_iterative_grpo_retrains_the_prm_and_resets_the_reference(work):
     check_outputs(work, "grpo", all_changed=True)
 
 
-@pytest.mark.slow
 def test_grpo_with_the_rm_and_dynamic_sampling(work):
     train(work, "algo=grpo", "reward=rm", "rollout.dynamic_sampling=true", "train.max_steps=2", "train.lr=1e-3")
     recs = check_rl_metrics(work, "grpo", 2, kl=True)
@@ -201,7 +196,6 @@ def expected_zero_std(cfg, rollout: int, rounds: int) -> tuple[float, float]:
     return before, 1 - min(len(keep), P) / P
 
 
-@pytest.mark.slow
 def test_dynamic_sampling_refills_all_equal_groups(work):
     from omegaconf import OmegaConf
 
@@ -217,7 +211,6 @@ def test_dynamic_sampling_refills_all_equal_groups(work):
     assert all(after < before for before, after in expected if before > 0)
 
 
-@pytest.mark.slow
 def test_grpo_without_kl_loads_no_reference(work):
     train(work, "algo=grpo", "algo.kl_coef=0", "train.max_steps=2", f"reward.functions=[{ALTERNATE}]",
           "train.lr=1e-3")
@@ -243,7 +236,6 @@ def test_static_and_dynamic_kv_caches_train_the_same_policy(work, tmp_path):
 
 
 # ----------------------------------------------------------------------------- RFT
-@pytest.mark.slow
 def test_online_rft(work):
     train(work, "algo=online_rft", "train.max_steps=2", f"reward.functions=[{ALTERNATE}]", "train.lr=1e-3")
     recs = check_rl_metrics(work, "online_rft", 2, kl=False)
@@ -251,7 +243,6 @@ def test_online_rft(work):
     check_outputs(work, "online_rft", all_changed=False)
 
 
-@pytest.mark.slow
 def test_offline_rft_keeps_samples_of_a_user_reward(work):
     train(work, "algo=rft", f"reward.functions=[{USER_REWARD}:always_one]", "algo.num_prompts=16",
           "rollout.samples_per_prompt=4", "rollout.max_new_tokens=64", "train.max_steps=2", "train.batch_size=8",
@@ -284,7 +275,6 @@ def test_unknown_advantage_lists_the_estimators(tmp_path):
 
 
 # Schedules that cannot be honoured are rejected up front with a one-line error.
-@pytest.mark.slow
 @pytest.mark.parametrize("args, names", [
     pytest.param(["iterative.iterations=2", "train.max_steps=2", "algo.updates_per_rollout=2"],
                  ["iterative.iterations", "algo.updates_per_rollout"], id="iterations-longer-than-run"),

@@ -10,12 +10,7 @@ import json
 import subprocess
 import sys
 
-import pytest
-
-from conftest import REPO, TINY
-from rl_helpers import USER_REWARD, rl_env
-
-pytestmark = pytest.mark.slow
+from helpers import REPO, TINY, USER_REWARD, rl_env
 
 BUDGET = 32
 ARGS = ["--run", "tb", "--rows", "grpo,dpo,rft", "--seeds", "0", "--budget", str(BUDGET), "--eval-problems", "4",

@@ -9,9 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 

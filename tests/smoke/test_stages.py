@@ -6,7 +6,7 @@
     rlft eval run.name=chain ...
 
 How "the trained model" is observed: each stage runs through `rlft.cli.main` inside a small
-driver (conftest.PROBE_DRIVER) that wraps two functions without changing what they compute:
+driver (helpers.PROBE_DRIVER) that wraps two functions without changing what they compute:
 the stage's `load_model` (to snapshot the parameters training starts from) and
 `rlft.stages.common.finish` (to record, just before the Hugging Face export, the live
 DeepSpeed-wrapped model's parameters and its logits on two fixed texts). Single-rank training
@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (SMALL_BATCH, TINY, assert_finite, check_ok, load_safetensors, read_manifest, run_cli,
-                      run_probed, stage_dir, tmp_leftovers, train_records)
+from helpers import (SMALL_BATCH, TINY, assert_finite, check_ok, load_safetensors, read_manifest, run_cli, run_probed,
+                     stage_dir, tmp_leftovers, train_records)
 
 RUN = "chain"
 STEPS = 3

@@ -5,11 +5,7 @@ would take (micro-batches of 4, log-probs upcast a byte budget at a time)."""
 import subprocess
 import sys
 
-import pytest
-
-from conftest import REPO, cli_env
-
-pytestmark = pytest.mark.slow
+from helpers import REPO, cli_env
 
 
 def test_rl_passes_never_hold_the_whole_batchs_logits():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TINY, run_cli
+from helpers import TINY, run_cli
 
 CASES = [  # (overrides, what the one line says)
     (["run.name=../../x"], "run.name='../../x' is not a run name"),

@@ -5,7 +5,7 @@ import importlib.util
 import json
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 spec = importlib.util.spec_from_file_location("bench_summary", REPO / "scripts" / "bench_summary.py")
 bench_summary = importlib.util.module_from_spec(spec)

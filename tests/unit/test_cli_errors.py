@@ -9,8 +9,7 @@ import json
 import sys
 import time
 
-
-from conftest import TINY, TINY_MODEL, explain, one_line_error, run_cli, stage_dir
+from helpers import TINY, TINY_MODEL, explain, one_line_error, run_cli, stage_dir
 
 QUICK_S = 10  # generous: the override checks take ~1 s here, but other jobs share the CPUs
 

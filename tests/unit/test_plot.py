@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import one_line_error, run_cli
+from helpers import one_line_error, run_cli
 from rlft.plot import PlotError, find_stages, plot_run, read_series, stage_panels
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rl_helpers import USER_REWARD
+from helpers import USER_REWARD
 from rlft.registry import UnknownNameError
 from rlft.rewards import scoring
 from rlft.rewards.scoring import RewardError, RewardSet, load_user_function, source_weights, split_steps
