@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, Optional
 
 from rlft.data.synthetic import TaskSpec
-from rlft.errors import ConfigError  # noqa: F401 (re-exported)
+from rlft.errors import ConfigError
 
 
 # ----------------------------------------------------------------------------- fixed choices

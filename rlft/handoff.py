@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from rlft.engine.integrity import damage
-from rlft.errors import MissingInputError  # noqa: F401 (re-exported)
+from rlft.errors import MissingInputError
 
 STAGE_PREFIX = "stage:"
 BUILTIN_MODEL = "builtin:tiny"

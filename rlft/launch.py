@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from rlft import handoff, rundir, signals
 from rlft.config import algo_spec, grad_accum_steps, trains_critic
-from rlft.errors import LaunchError, RankUserError  # noqa: F401 (re-exported)
+from rlft.errors import LaunchError, RankUserError
 
 
 def job_dir(cfg) -> Path:
@@ -64,7 +64,7 @@ def preflight(cfg) -> None:
     """What can be checked before any rank starts and before anything of the stage is removed:
     input models (intact, complete), reward sources (user functions imported), the data (loaded
     and mapped, so a bad row is named in seconds). One-line errors."""
-    handoff.resolve_model_path(cfg)
+    parent = handoff.resolve_model_path(cfg)
     from rlft import envs
     from rlft.algos import ADVANTAGES
     from rlft.data.loading import DataError
@@ -94,12 +94,12 @@ def preflight(cfg) -> None:
             env.check_rows(rows, f"{cfg.data.source} [train]")
         if spec.samples:
             check_sources(cfg, rows[0])
+        if spec.demonstrations:
+            from rlft.models import load_tokenizer
+
+            inputs.check_demonstrations_fit(cfg, load_tokenizer(cfg.model, parent), rows)
     else:
         inputs.rows_of(cfg, spec.rows, "train")
-    if spec.demonstrations:
-        from rlft.models import load_tokenizer
-
-        inputs.check_demonstrations_fit(cfg, load_tokenizer(cfg.model, handoff.resolve_model_path(cfg)))
 
 
 def quiet_environment() -> None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Callable, Iterator, TypeVar
-from rlft.errors import UnknownNameError  # noqa: F401 (re-exported)
+
+from rlft.errors import UnknownNameError
 
 F = TypeVar("F", bound=Callable)
 

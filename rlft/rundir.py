@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from rlft import handoff
-from rlft.errors import CompletedStageError, RunDirError, StageLockedError  # noqa: F401 (re-exported)
+from rlft.errors import CompletedStageError, StageLockedError
 
 LOCK = ".lock"
 

@@ -13,7 +13,6 @@ import ctypes
 import os
 import signal
 import sys
-from rlft.errors import Interrupted  # noqa: F401 (re-exported)
 
 PR_SET_PDEATHSIG = 1
 _requested: str | None = None

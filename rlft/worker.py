@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
     from rlft import signals
-    from rlft.errors import USER_ERRORS
+    from rlft.errors import USER_ERRORS, Interrupted
     from rlft.engine import dist
 
     signals.die_with_parent()  # the launcher's death (however it died) stops this rank
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> None:
         report(exc)
         # every rank stops on a signal together (they agree on it), so they all exit 0 and the launcher
         # stays quiet; any other error exits non-zero so that the launcher stops the other ranks
-        raise SystemExit(0 if isinstance(exc, signals.Interrupted) else 2) from None
+        raise SystemExit(0 if isinstance(exc, Interrupted) else 2) from None
 
 
 def exit_now(code: int) -> None:

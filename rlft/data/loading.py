@@ -16,7 +16,8 @@ Column names that differ are renamed first with `map_fields` (config: `data.fiel
 
 import json
 from pathlib import Path
-from rlft.errors import DataError  # noqa: F401 (re-exported)
+
+from rlft.errors import DataError
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 

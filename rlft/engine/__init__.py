@@ -25,7 +25,7 @@ from rlft import lora
 from rlft.config import grad_accum_steps
 from rlft.engine import dist
 from rlft.engine.integrity import write_checksums
-from rlft.errors import DiskFullError, NonFiniteError  # noqa: F401 (re-exported)
+from rlft.errors import DiskFullError, NonFiniteError
 
 
 CHECKPOINT_CONFIG = "config.json"

@@ -23,10 +23,10 @@ from rlft.algos.preference import solution_score_min
 
 from rlft import handoff
 from rlft.data.encode import collate_padded, encode_steps, pad_to
+from rlft.errors import RewardError
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
 from rlft.registry import UnknownNameError, import_path
 from rlft.rewards.verifiers import REWARD_FUNCTIONS
-from rlft.errors import RewardError  # noqa: F401 (re-exported)
 
 MODEL_SOURCES = ("rm", "prm")
 ENV_SOURCE = "correctness"  # the environment's own outcome reward

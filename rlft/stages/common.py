@@ -21,8 +21,8 @@ from rlft import handoff, microbatch, signals
 from rlft.config import samples_per_step
 from rlft.engine import CHECKPOINT_CONFIG, Engine, dist, list_checkpoints
 from rlft.engine.integrity import damage
+from rlft.errors import Interrupted, StageError
 from rlft.tracking import Tracker
-from rlft.errors import StageError  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -309,7 +309,7 @@ def stop_if_signalled(ctx: StageContext, done: int, save: Callable[[], Path]) ->
         return  # the stage is finishing anyway
     existing = ctx.ckpt_root / f"step-{done:07d}"
     path = existing if existing.is_dir() else (save() if t.save_on_signal else None)
-    raise signals.Interrupted(f"stopped by {why} after step {done}/{t.max_steps}; "
+    raise Interrupted(f"stopped by {why} after step {done}/{t.max_steps}; "
                               + (f"checkpoint {path}; continue with the same command and resume=true" if path else
                                  "no checkpoint written (train.save_on_signal=false)"))
 

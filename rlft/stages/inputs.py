@@ -166,14 +166,13 @@ def sft_examples(cfg, tokenizer, split: str = "train") -> list[dict]:
     return kept
 
 
-def check_demonstrations_fit(cfg, tokenizer) -> None:
-    """A one-line DataError when no training prompt leaves room for a response token in
+def check_demonstrations_fit(cfg, tokenizer, rows: list[dict]) -> None:
+    """A one-line DataError when no training row's prompt leaves room for a response token in
     train.max_seq_len (every SFT example would be dropped); stops at the first prompt that fits."""
-    from rlft import envs
     from rlft.data.loading import DataError
 
     limit, shortest = cfg.train.max_seq_len, None
-    for r in envs.build(cfg).rows("train"):
+    for r in rows:
         n = len(encode.encode_prompt(tokenizer, render(cfg, tokenizer, r["prompt"])))
         if n < limit:
             return
