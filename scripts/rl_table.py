@@ -178,7 +178,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--rows", default="", help="comma-separated rows (default: all)")
     p.add_argument("--jobs", type=int, default=1, help="trainings/evaluations at once (one CPU thread each)")
     p.add_argument("--eval-problems", type=int, default=200, help="held-out problems per evaluation")
-    p.add_argument("--rl-arg", action="append", default=[], help="an override for the row trainings only; `dpo,rft:key=value` for some rows "
+    p.add_argument("--rl-arg", action="append", default=[],
+                   help="an override for the row trainings only; `dpo,rft:key=value` for some rows "
                    "(e.g. train.batch_size, which only the offline rows read)")
     p.add_argument("--parent-arg", action="append", default=[],
                    help="an override for the SFT/RM/PRM trainings; `rm,prm:key=value` for some of them")
