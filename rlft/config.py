@@ -376,7 +376,11 @@ class EnvConfig:
     seed: int = 0
     """reasoning_gym: seed of the generators (train and test draw from different seeds derived from it)."""
     instruction: str = ""
-    """reasoning_gym, python: text added after each question (e.g. how to write the answer); empty: none."""
+    """reasoning_gym, python: text added after each question (e.g. how to write the answer); empty: none;
+    python's `auto`: how to call the tool in env.tool_format and how to answer."""
+    tool_format: str = "fenced"
+    """python: fenced (```python blocks) | chat (a `python` tool in the chat template's own tool-call format:
+    the tokenizer's response template, or `<tool_call>` JSON)."""
     timeout_s: float = 5.0
     """python: wall-clock limit of one code run."""
     cpu_s: int = 2

@@ -86,7 +86,12 @@ def preflight(cfg) -> None:
         handoff.resolve_model_path(cfg, a.sample_from)
     policy_samples = getattr(a, "source", None) == "policy"  # a reward model labels samples of its questions
     if spec.samples or policy_samples or spec.rows == "qa":  # the environment's rows, checked where it judges them
-        env = envs.build(cfg)
+        tokenizer = None
+        if spec.demonstrations:  # the demonstrations are encoded with the model's tokenizer
+            from rlft.models import load_tokenizer
+
+            tokenizer = load_tokenizer(cfg.model, parent)
+        env = envs.build(cfg, tokenizer)
         rows = env.rows("train")
         if not rows:
             raise DataError(f"environment {cfg.env.name}: the training split has no rows")
@@ -94,10 +99,8 @@ def preflight(cfg) -> None:
             env.check_rows(rows, f"{cfg.data.source} [train]")
         if spec.samples:
             check_sources(cfg, rows[0])
-        if spec.demonstrations:
-            from rlft.models import load_tokenizer
-
-            inputs.check_demonstrations_fit(cfg, load_tokenizer(cfg.model, parent), rows)
+        if tokenizer is not None:
+            inputs.check_demonstrations_fit(cfg, tokenizer, rows)
     else:
         inputs.rows_of(cfg, spec.rows, "train")
 

@@ -246,3 +246,20 @@ def changed_tensors(before: dict, after: dict, atol: float = 0.0) -> list[str]:
     """Names of tensors present in both whose values differ by more than atol."""
     names = sorted(set(before) & set(after))
     return [n for n in names if (before[n].float() - after[n].float()).abs().max().item() > atol]
+
+
+# A compact Hermes-style template (as Qwen2.5's): tools in a system turn, calls as <tool_call> JSON,
+# tool results as a user turn in <tool_response>.
+HERMES_TEMPLATE = (
+    "{%- if tools %}{{ '<|im_start|>system\\n<tools>' }}{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}"
+    "{{ '\\n</tools><|im_end|>\\n' }}{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content }}"
+    "{%- for c in m.tool_calls or [] %}{{ '<tool_call>\\n' }}"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}{{ '\\n</tool_call>' }}{%- endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response>"
+    "<|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")

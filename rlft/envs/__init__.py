@@ -34,6 +34,10 @@ def env_class(name: str) -> type:
     return cls
 
 
-def build(cfg) -> Environment:
-    """The environment `env.name` names, built from the run's config."""
-    return env_class(str(cfg.env.name))(cfg)
+def build(cfg, tokenizer=None) -> Environment:
+    """The environment `env.name` names, built from the run's config; a stage that samples or encodes
+    passes the policy's tokenizer (`Environment.use_tokenizer`)."""
+    env = env_class(str(cfg.env.name))(cfg)
+    if tokenizer is not None:
+        env.use_tokenizer(tokenizer)
+    return env

@@ -11,6 +11,8 @@ An environment owns a task's data and its judgement:
     demonstration(row)          SFT text for the row as segments (text, trained?): what a tool
                                 supplies is context, not a target
     step_labels(row, steps)     optional: exact 0/1 labels of reasoning steps (process supervision)
+    use_tokenizer(tokenizer)    optional: the policy's tokenizer, given before sampling or encoding (e.g.
+                                to speak its tool-call format)
 
 A single-turn task is one step: `stop` is empty and `step` is never called. A multi-turn task lists
 the strings that end a model turn (a tool call's last characters) in `stop`; rlft's episode driver
@@ -63,6 +65,7 @@ class Environment:
     def __init__(self, cfg=None):
         """`cfg`: the run's config (rlft passes it; env.* holds the options)."""
         self.cfg = cfg
+        self.tokenizer = None
         if cfg is not None and cfg.env.max_turns:
             self.max_turns = int(cfg.env.max_turns)
 
@@ -86,6 +89,11 @@ class Environment:
         if "response" not in row:
             raise NotImplementedError(f"environment {self.name} has no demonstrations for its rows")
         return [(str(row["response"]), True)]
+
+    def use_tokenizer(self, tokenizer) -> None:
+        """The policy's tokenizer, given by the stages that sample or encode (not by the command line's
+        checks before a run); the default keeps it as `self.tokenizer`."""
+        self.tokenizer = tokenizer
 
     # ---------------------------------------------------------------- interaction
     def step(self, row: dict, transcript: str) -> Reply:

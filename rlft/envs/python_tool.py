@@ -13,6 +13,11 @@ and memory limits, no network, a temporary working directory) and replies with i
 template once; without one: `<output>...</output>` text). A run that fails or breaks a limit replies
 with what it printed and why it stopped; the trajectory goes on. At most `env.max_turns` model turns.
 
+With `env.tool_format=chat` the model calls a `python` tool in its chat template's own tool-call format
+(rlft/envs/tool_calls.py: the tokenizer's response template, or the Hermes `<tool_call>` JSON): the
+prompt is rendered with the tool's schema (PYTHON_TOOL), the turn ends at the call's closing marker, and
+the call's `code` argument runs in the same sandbox.
+
 Rows and the final-answer check (`#### <answer>`) are env=math's; `env.instruction` is added to each
 question (the conf/env/python.yaml default explains the tool and the answer format).
 """
@@ -22,11 +27,32 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from rlft.envs import sandbox
+from rlft.envs import sandbox, tool_calls
 from rlft.envs.base import Reply
 from rlft.envs.calculator import CALL, calculate, with_calls
+from rlft.envs.episodes import chat_reply_text
 from rlft.envs.math import MathEnv
+from rlft.errors import ConfigError
 
+TOOL_FORMATS = ("fenced", "chat")
+PYTHON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python code in a sandbox and return what it prints.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The code to run; print what you need to see."}},
+            "required": ["code"],
+        },
+    },
+}
+"""The tool's schema, as the chat template receives it with env.tool_format=chat."""
+INSTRUCTIONS = {
+    "fenced": "You may run Python: write a ```python block and its output is returned. End with '#### <answer>'.",
+    "chat": "You may run Python with the python tool. End with '#### <answer>'.",
+}
+"""env.instruction=auto: how to use the tool in each env.tool_format, and how to answer."""
 BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -60,15 +86,31 @@ class PythonEnv(MathEnv):
         e = cfg.env
         self.limits = sandbox.Limits(timeout_s=float(e.timeout_s), cpu_s=int(e.cpu_s), memory_mb=int(e.memory_mb))
         self.max_output_chars = int(e.max_output_chars)
-        self.instruction = str(e.instruction or "")
+        self.tool_format = str(e.tool_format)
+        if self.tool_format not in TOOL_FORMATS:
+            raise ConfigError(f"env.tool_format={self.tool_format}: expected one of {', '.join(TOOL_FORMATS)}")
+        instruction = str(e.instruction or "")
+        self.instruction = INSTRUCTIONS[self.tool_format] if instruction == "auto" else instruction
+        self.calls = None  # the tokenizer's tool-call format (env.tool_format=chat), set by use_tokenizer
+        if self.tool_format == "chat":
+            self.stop = ()  # the call's closing marker, once the tokenizer is known
+
+    def use_tokenizer(self, tokenizer) -> None:
+        super().use_tokenizer(tokenizer)
+        if self.tool_format == "chat":
+            self.calls = tool_calls.tool_call_format(tokenizer)
+            self.stop = self.calls.stop
 
     def rows(self, split: str) -> list[dict]:
         rows = super().rows(split)
-        if not self.instruction:
+        chat = self.tool_format == "chat"
+        if not self.instruction and not chat:
             return rows
         key = f"{split}+instruction"
         if key not in self._rows:
-            self._rows[key] = [{**r, "prompt": with_instruction(r["prompt"], self.instruction)} for r in rows]
+            extra = {"tools": [PYTHON_TOOL]} if chat else {}
+            self._rows[key] = [{**r, **extra, "prompt": with_instruction(r["prompt"], self.instruction)}
+                               for r in rows]
         return self._rows[key]
 
     def steps(self, rows: list[dict], transcripts: list[str]) -> list[Reply]:
@@ -89,7 +131,12 @@ class PythonEnv(MathEnv):
         segments = []
         for m in calls:
             result = printed(m.group(1))
-            segments.append((f"```python\nprint({m.group(1)})\n```", True))
+            code = f"print({m.group(1)})"
+            if self.calls is not None:  # the call as the chat template writes it, the output as a tool message
+                segments.append((tool_calls.call_text(self.tokenizer, self.calls, "python", {"code": code}), True))
+                segments.append((chat_reply_text(self.tokenizer, Reply(role="tool", content=f"{result}\n")), False))
+                continue
+            segments.append((f"```python\n{code}\n```", True))
             segments.append((f"\n<output>\n{result}\n\n</output>\n", False))
         final = [line for line in text.split("\n") if line.strip().startswith("####")]
         answer = with_calls(final[-1]) if final else f"#### {row.get('answer', '')}"
@@ -98,13 +145,37 @@ class PythonEnv(MathEnv):
         return segments
 
     def step(self, row: dict, transcript: str) -> Reply:
+        if self.calls is not None:
+            return self.chat_step(transcript)
         code = last_block(transcript)
         if code is None:  # an opening fence, or a fence that closes no block: the turn goes on
             return Reply()
+        return self.run(code)
+
+    def run(self, code: str) -> Reply:
         result = sandbox.run(code, self.limits)
         text = tool_text(result, self.max_output_chars)
         return Reply(text=f"\n<output>\n{text}\n</output>\n", role="tool", content=text, error=result.error,
                      tool_call=True)
+
+    def chat_step(self, transcript: str) -> Reply:
+        """A call in the tokenizer's tool-call format: its `code` runs; a call that cannot be read, or of
+        another tool, is answered with what is wrong (the trajectory goes on)."""
+        text, calls = self.calls.last_call(transcript)
+        if text is None:  # the closing marker ended no call: the turn goes on
+            return Reply()
+        if isinstance(calls, str):
+            return refusal(calls)
+        call = calls[-1]
+        if call.name != "python" or not isinstance(call.arguments.get("code"), str):
+            return refusal(f"unknown tool call {call.name}({', '.join(call.arguments)}): the only tool is "
+                           "python(code)")
+        return self.run(call.arguments["code"])
+
+
+def refusal(why: str) -> Reply:
+    return Reply(text=f"\n<output>\n[error: {why}]\n</output>\n", role="tool", content=f"[error: {why}]", error=why,
+                 tool_call=True)
 
 
 def printed(expr: str) -> str:
@@ -120,6 +191,8 @@ def printed(expr: str) -> str:
 
 def with_instruction(prompt, instruction: str):
     """The prompt with the instruction after its (last user) text."""
+    if not instruction:
+        return prompt
     if isinstance(prompt, list):
         messages = [dict(m) for m in prompt]
         for m in reversed(messages):

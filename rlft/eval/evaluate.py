@@ -98,7 +98,7 @@ def format_table(metrics: dict) -> str:
 
 
 def eval_prompts(cfg, tokenizer, problems: list[dict], model) -> list[list[int]]:
-    return encode_prompts(tokenizer, [inputs.render(cfg, tokenizer, p["prompt"]) for p in problems],
+    return encode_prompts(tokenizer, [inputs.render(cfg, tokenizer, p) for p in problems],
                           prompt_budget(model, cfg.eval.max_new_tokens), "eval")
 
 
@@ -197,7 +197,7 @@ def eval_one(cfg, model_ref: str) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.engine.device != "cpu" else "cpu")
     tokenizer = load_tokenizer(cfg.model, path)
     model = load_model(cfg.model, path, tokenizer, head="causal_lm", seed=cfg.seed).to(device).eval()
-    env = envs.build(cfg)
+    env = envs.build(cfg, tokenizer)
     problems = env.rows("test")
     if not problems:
         raise DataError(f"{cfg.data.source}: the test split ({cfg.data.test_split}) has no rows to evaluate")

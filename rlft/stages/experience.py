@@ -162,7 +162,7 @@ class Experience:
     @classmethod
     def build(cls, cfg, info: dist.DistInfo, tokenizer, policy, reference=None, critic=None) -> "Experience":
         """The configured environment, rewards, step scorer and rollout engine around `policy`."""
-        env = envs.build(cfg)
+        env = envs.build(cfg, tokenizer)
         rewards = RewardSet(cfg, info.device, env)
         step_scorer = None
         if ADVANTAGES.needs(cfg.algo.advantage, "step_scores"):  # process supervision
@@ -223,7 +223,7 @@ class Experience:
         """G trajectories for each row, as padded tensors (no scores yet)."""
         with self.timed("sample"):
             G, tok = self.cfg.rollout.samples_per_prompt, self.tokenizer
-            prompt_texts = [inputs.render(self.cfg, tok, r["prompt"]) for r in rows]
+            prompt_texts = [inputs.render(self.cfg, tok, r) for r in rows]
             prompt_ids = encode_prompts(tok, prompt_texts, self.prompt_budget, "rollout")
             gens = self.episodes(rows, prompt_ids, G, self.sampling, seed)
             self.samples_drawn += len(gens.texts)
@@ -344,7 +344,7 @@ class Experience:
     def greedy_accuracy(self) -> dict:
         info, tok = self.info, self.tokenizer
         shard = self.test_rows[info.rank::info.world_size]
-        prompt_ids = encode_prompts(tok, [inputs.render(self.cfg, tok, r["prompt"]) for r in shard], self.prompt_budget,
+        prompt_ids = encode_prompts(tok, [inputs.render(self.cfg, tok, r) for r in shard], self.prompt_budget,
                                     "held-out accuracy")
         gens = self.episodes(shard, prompt_ids, 1, Sampling(self.cfg.rollout.max_new_tokens, do_sample=False), 0)
         self.sampler.sleep()

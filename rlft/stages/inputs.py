@@ -95,8 +95,10 @@ def limit(cfg, rows: list, split: str) -> list:
     return rows
 
 
-def render(cfg, tokenizer, prompt) -> str:
-    return formatting.render_prompt(tokenizer, prompt, cfg.data.prompt_template, cfg.data.use_chat_template)
+def render(cfg, tokenizer, row: dict) -> str:
+    """The text the model sees for a row: its prompt, with the tools it may call (`tools`) where it has them."""
+    return formatting.render_prompt(tokenizer, row["prompt"], cfg.data.prompt_template, cfg.data.use_chat_template,
+                                    tools=row.get("tools"))
 
 
 # ----------------------------------------------------------------------------- row shapes
@@ -150,11 +152,11 @@ def sft_examples(cfg, tokenizer, split: str = "train") -> list[dict]:
     prompt fills train.max_seq_len (no response token left to learn) is dropped, and counted."""
     from rlft import envs
 
-    env = envs.build(cfg)
+    env = envs.build(cfg, tokenizer)
     examples = []
     for r in env.rows(split):
         segments = env.demonstration(r)
-        prompt_text = render(cfg, tokenizer, r["prompt"])
+        prompt_text = render(cfg, tokenizer, r)
         if len(segments) == 1 and segments[0][1]:  # all trained: one encoding of the whole response
             examples.append(encode.encode_sft(tokenizer, prompt_text, segments[0][0], cfg.train.max_seq_len))
         else:
@@ -173,7 +175,7 @@ def check_demonstrations_fit(cfg, tokenizer, rows: list[dict]) -> None:
 
     limit, shortest = cfg.train.max_seq_len, None
     for r in rows:
-        n = len(encode.encode_prompt(tokenizer, render(cfg, tokenizer, r["prompt"])))
+        n = len(encode.encode_prompt(tokenizer, render(cfg, tokenizer, r)))
         if n < limit:
             return
         shortest = n if shortest is None else min(shortest, n)
@@ -183,7 +185,7 @@ def check_demonstrations_fit(cfg, tokenizer, rows: list[dict]) -> None:
 
 
 def pair_examples(cfg, tokenizer, split: str = "train") -> list[dict]:
-    return [encode.encode_pair(tokenizer, render(cfg, tokenizer, r["prompt"]), r["chosen"], r["rejected"],
+    return [encode.encode_pair(tokenizer, render(cfg, tokenizer, r), r["chosen"], r["rejected"],
                                cfg.train.max_seq_len)
             for r in preference_rows(cfg, split)]
 
@@ -191,7 +193,7 @@ def pair_examples(cfg, tokenizer, split: str = "train") -> list[dict]:
 def step_examples(cfg, tokenizer, split: str, frac_correct: float) -> list[dict]:
     out = []
     for r in step_rows(cfg, split, frac_correct):
-        ex = encode.encode_steps(tokenizer, render(cfg, tokenizer, r["prompt"]), r["steps"], r["labels"],
+        ex = encode.encode_steps(tokenizer, render(cfg, tokenizer, r), r["steps"], r["labels"],
                                  cfg.train.max_seq_len)
         if ex["step_positions"]:
             out.append(ex)

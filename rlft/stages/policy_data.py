@@ -41,7 +41,7 @@ class PolicySampler:
 
     def __init__(self, cfg, tokenizer, device):
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.env = envs.build(cfg)
+        self.env = envs.build(cfg, tokenizer)
         path = handoff.resolve_model_path(cfg, cfg.algo.sample_from)
         self.model = load_model(cfg.model, path, tokenizer, seed=cfg.seed).to(device).eval()
         self.engine, why = build_engine(cfg, Frozen(self.model), tokenizer, device, seed=cfg.seed)
@@ -74,7 +74,7 @@ def sample_records(sampler: PolicySampler, cfg, split: str, count: int) -> list[
     records)."""
     info = dist.info()
     mine = questions(cfg, sampler.env, split, count)[info.rank::info.world_size]
-    texts = [inputs.render(cfg, sampler.tokenizer, q["row"]["prompt"]) for q in mine]
+    texts = [inputs.render(cfg, sampler.tokenizer, q["row"]) for q in mine]
     torch.manual_seed(cfg.seed * 7 + SPLIT_SEED[split] * 1000 + info.rank)
     samples = sampler.generate(texts, [q["row"] for q in mine], cfg.rollout.samples_per_prompt,
                                seed=(cfg.seed * 1009 + SPLIT_SEED[split]) * 4099 + info.rank)

@@ -37,11 +37,11 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[dict], dict]:
     """Sampled, verified and de-duplicated trajectories as SFT examples (the sampled tokens themselves,
     environment tokens untrained), the same on every rank."""
     a, info = cfg.algo, ctx.info
-    env = envs.build(cfg)
+    env = envs.build(cfg, tokenizer)
     rows = env.rows("train")
     rows = rows[:a.num_prompts] if a.num_prompts else rows
     mine = list(range(info.rank, len(rows), info.world_size))
-    prompt_texts = [inputs.render(cfg, tokenizer, rows[i]["prompt"]) for i in mine]
+    prompt_texts = [inputs.render(cfg, tokenizer, rows[i]) for i in mine]
     r = cfg.rollout
     prompt_ids = encode_prompts(tokenizer, prompt_texts, prompt_budget(model, r.max_new_tokens), "rft")
     engine, why = build_engine(cfg, Frozen(model), tokenizer, info.device, seed=cfg.seed)

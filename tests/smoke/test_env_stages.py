@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from helpers import (RL_SMALL, USER_REWARD, assert_finite, changed_tensors, explain, load_safetensors, read_manifest,
-                     read_metrics, rl_cli, stage_dir)
+from helpers import (HERMES_TEMPLATE, RL_SMALL, TINY, USER_REWARD, assert_finite, changed_tensors, explain,
+                     load_safetensors, read_manifest, read_metrics, rl_cli, rl_env, run_cli, stage_dir)
 
 RUN = "env"
 SFT = ["algo=sft", "train.max_steps=3", "train.batch_size=8", "train.micro_batch_per_device=8", "train.save_every=0"]
@@ -42,6 +42,46 @@ def test_sft_grpo_and_eval_through_each_environment(tmp_path, name):
     record = json.loads((tmp_path / "runs" / RUN / "eval" / "grpo" / "eval.json").read_text())
     assert record["env"] == name and record["metrics"]["num_problems"] == 4
     assert ("tool_use_rate" in record["metrics"]) == (name != "reasoning_gym")
+
+
+def tiny_chat_model(root):
+    """A tiny Qwen2 whose tokenizer has a chat template that renders tools and `<tool_call>` calls."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlft.data.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer(model_max_length=2048)
+    tok.chat_template = HERMES_TEMPLATE
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    Qwen2ForCausalLM(config).save_pretrained(root)
+    tok.save_pretrained(root)
+    return root
+
+
+def test_python_tool_calls_in_the_chat_templates_own_format_through_sft_grpo_and_eval(tmp_path):
+    env = ["env=python", "env.tool_format=chat", "env.max_turns=2", "env.timeout_s=2", "train.max_seq_len=1024",
+           "data.max_train_rows=32"]
+    model = tiny_chat_model(tmp_path / "chat-model")
+
+    def rlft(*args):  # the tiny settings, then this test's (its prompts hold the tool's schema)
+        return ok(run_cli(tmp_path, *args, *TINY, *env, timeout=300, env=rl_env()))
+
+    rlft("train", *SFT, f"run.name={RUN}", f"model.path={model}")
+    rlft("train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, "train.max_steps=1",
+         f"reward.functions=[correctness,{USER_REWARD}:alternate]")
+    out = stage_dir(tmp_path, RUN, "grpo")
+    assert changed_tensors(load_safetensors(stage_dir(tmp_path, RUN, "sft") / "final"), load_safetensors(out / "final"))
+    rec = [r for r in read_metrics(out) if "reward" in r][-1]
+    assert_finite([rec["reward"], rec["entropy"]]) and rec["turns"] >= 1
+    rlft("eval", f"run.name={RUN}", "model.path=stage:grpo", "eval.num_problems=2", "eval.samples=2", "eval.k=[1,2]",
+         "eval.max_new_tokens=16", "eval.policy_samples=2")
+    # a tokenizer without a tool-call format is one line before anything runs
+    proc = rl_cli(tmp_path, "train", *SFT, "run.name=plain", "env=python", "env.tool_format=chat")
+    assert proc.returncode != 0 and "env.tool_format=chat needs a tokenizer with a chat template" in proc.stderr
 
 
 def test_a_user_environment_trains_multi_turn_trajectories(tmp_path):
