@@ -120,12 +120,28 @@ def tool_call_format(tokenizer) -> ToolCallFormat:
         raise ToolFormatError("env.tool_format=chat: the tokenizer has no response_template and its chat template "
                               "does not use <tool_call> markers, so rlft cannot read its tool calls; "
                               "use env.tool_format=fenced")
+    check_parser(fmt)
     special = set(getattr(tokenizer, "all_special_tokens", []) or [])
     for marker in (fmt.open, fmt.close):
         if marker in special:
             raise ToolFormatError(f"env.tool_format=chat: the tool-call marker {marker!r} is a special token, which "
                                   "the engines strip before matching stop strings; use env.tool_format=fenced")
     return fmt
+
+
+def check_parser(fmt: ToolCallFormat) -> None:
+    """The installed transformers reads response templates (and, for HERMES, finds a call in it)."""
+    import importlib.util
+
+    import transformers
+
+    found = importlib.util.find_spec("transformers.utils.chat_parsing") is not None
+    if found and fmt.template is HERMES:
+        calls = fmt.last_call('<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>')[1]
+        found = isinstance(calls, list) and calls[0].arguments == {"code": "1"}
+    if not found:
+        raise ToolFormatError(f"env.tool_format=chat: transformers {transformers.__version__} does not read "
+                              "response templates as 5.19 does; upgrade transformers or use env.tool_format=fenced")
 
 
 def call_text(tokenizer, fmt: ToolCallFormat, name: str, arguments: dict) -> str:
