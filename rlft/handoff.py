@@ -16,6 +16,7 @@ import os
 import time
 from pathlib import Path
 
+from rlft import gguf
 from rlft.engine.integrity import damage
 from rlft.errors import MissingInputError
 
@@ -89,8 +90,6 @@ def resolve_model_path(cfg, path: str | None = None) -> str:
         if path != BUILTIN_MODEL:
             raise MissingInputError(f"unknown built-in model '{path}'; the built-in model is {BUILTIN_MODEL}")
         return path
-    from rlft import gguf
-
     if gguf.is_gguf(path):  # a GGUF file, or the one a package ships: its plain folder (converted once)
         return gguf.plain_folder(path)
     local = Path(path).expanduser()

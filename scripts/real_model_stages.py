@@ -93,10 +93,7 @@ def main() -> None:
             if command == "train":  # PPO and P3O take updates x minibatches (2 x 2) optimizer steps per rollout
                 steps = args.steps * (4 if name in ("ppo", "p3o") else 1)
                 cmd += [f"run.dir={stage}", f"train.max_steps={steps}", "overwrite=true"]
-                if name == "sft":
-                    cmd.append(f"model.path={args.model}")
-                elif name in ("rm", "prm", "dpo", "rft") or name.startswith(("grpo", "ppo", "p3o", "online")):
-                    cmd.append("model.path=stage:sft")
+                cmd.append(f"model.path={args.model}" if name == "sft" else "model.path=stage:sft")
                 if name == "ppo":
                     cmd.append("critic.init=stage:rm")
             cmd += extra

@@ -263,3 +263,29 @@ HERMES_TEMPLATE = (
     "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+class Scripted:
+    """An engine that writes given turns (text, encoded by the tokenizer), each up to its first stop
+    string per call (as a real engine's output ends there), the rest of the turn in the next call."""
+
+    def __init__(self, tok, turns: list[str]):
+        self.tok, self.left = tok, list(turns)
+
+    def generate(self, prompt_ids, n, sampling, seed=None):
+        from rlft.rollout.generate import Generations
+
+        text = self.left[0]
+        cuts = [text.index(s) + len(s) for s in sampling.stop if s in text]
+        cut = min(cuts) if cuts else len(text)
+        self.left[0] = text[cut:]
+        if not self.left[0] and len(self.left) > 1:
+            self.left.pop(0)
+        stopped = bool(cuts)
+        ids = self.tok(text[:cut], add_special_tokens=False)["input_ids"]
+        ids = ids if stopped else ids + [self.tok.eos_token_id]
+        rows = len(prompt_ids) * n
+        return Generations(prompt_index=[i for i in range(len(prompt_ids)) for _ in range(n)],
+                           completion_ids=[list(ids) for _ in range(rows)], texts=[""] * rows,
+                           truncated=[False] * rows, logp=[[-1.0] * len(ids) for _ in range(rows)],
+                           stopped=[stopped] * rows)

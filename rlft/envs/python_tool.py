@@ -154,9 +154,7 @@ class PythonEnv(MathEnv):
 
     def run(self, code: str) -> Reply:
         result = sandbox.run(code, self.limits)
-        text = tool_text(result, self.max_output_chars)
-        return Reply(text=f"\n<output>\n{text}\n</output>\n", role="tool", content=text, error=result.error,
-                     tool_call=True)
+        return tool_reply(tool_text(result, self.max_output_chars), result.error)
 
     def chat_step(self, transcript: str) -> Reply:
         """A call in the tokenizer's tool-call format: its `code` runs; a call that cannot be read, or of
@@ -173,9 +171,13 @@ class PythonEnv(MathEnv):
         return self.run(call.arguments["code"])
 
 
+def tool_reply(content: str, error: str | None) -> Reply:
+    """The tool's answer to a call: a `tool` message (chat template), else `<output>` text."""
+    return Reply(text=f"\n<output>\n{content}\n</output>\n", role="tool", content=content, error=error, tool_call=True)
+
+
 def refusal(why: str) -> Reply:
-    return Reply(text=f"\n<output>\n[error: {why}]\n</output>\n", role="tool", content=f"[error: {why}]", error=why,
-                 tool_call=True)
+    return tool_reply(f"[error: {why}]", why)
 
 
 def printed(expr: str) -> str:

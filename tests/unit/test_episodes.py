@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import Scripted
 from rlft.algos import AGGREGATIONS, POLICY_LOSSES, AggDenominator, PolicyLossConfig
 from rlft.data.tokenizer import build_char_tokenizer
 from rlft.envs import Environment, Reply, Score, episodes
@@ -177,32 +178,6 @@ def test_a_single_turn_environment_is_one_engine_call(setup):
     out = episodes.sample(engine, One(), [{}] * 3, prompts, 2, Sampling(16, False), 0, tok,
                           episodes.Limits(4, 64))
     assert len(engine.calls) == 1 and out.token_mask is None and out.turns is None
-
-
-class Scripted:
-    """An engine that writes given turns (text, encoded by the tokenizer), each up to its first stop
-    string per call (as a real engine's output ends there), the rest of the turn in the next call."""
-
-    def __init__(self, tok, turns: list[str]):
-        self.tok, self.left = tok, list(turns)
-
-    def generate(self, prompt_ids, n, sampling, seed=None):
-        from rlft.rollout.generate import Generations
-
-        text = self.left[0]
-        cuts = [text.index(s) + len(s) for s in sampling.stop if s in text]
-        cut = min(cuts) if cuts else len(text)
-        self.left[0] = text[cut:]
-        if not self.left[0] and len(self.left) > 1:
-            self.left.pop(0)
-        stopped = bool(cuts)
-        ids = self.tok(text[:cut], add_special_tokens=False)["input_ids"]
-        ids = ids if stopped else ids + [self.tok.eos_token_id]
-        rows = len(prompt_ids) * n
-        return Generations(prompt_index=[i for i in range(len(prompt_ids)) for _ in range(n)],
-                           completion_ids=[list(ids) for _ in range(rows)], texts=[""] * rows,
-                           truncated=[False] * rows, logp=[[-1.0] * len(ids) for _ in range(rows)],
-                           stopped=[stopped] * rows)
 
 
 def test_hostile_tool_code_is_that_steps_error_and_the_trajectory_goes_on():

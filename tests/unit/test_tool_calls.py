@@ -9,7 +9,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import HERMES_TEMPLATE
+from helpers import HERMES_TEMPLATE, Scripted
 from rlft.config import Config
 from rlft.data.tokenizer import build_char_tokenizer
 from rlft.envs import Reply, build, episodes, tool_calls
@@ -17,7 +17,6 @@ from rlft.envs.python_tool import PYTHON_TOOL
 from rlft.errors import ConfigError
 from rlft.rollout.sampling import Sampling
 from rlft.stages import inputs
-from tests.unit.test_episodes import Scripted
 
 # Another model's markers, declared by its tokenizer's response template: [CALL]{...}[/CALL].
 CALL_TEMPLATE = HERMES_TEMPLATE.replace("<tool_call>\n", "[CALL]").replace("\n</tool_call>", "[/CALL]")
