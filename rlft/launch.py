@@ -87,8 +87,8 @@ def preflight(cfg) -> None:
     policy_samples = getattr(a, "source", None) == "policy"  # a reward model labels samples of its questions
     if spec.samples or policy_samples or spec.rows == "qa":  # the environment's rows, checked where it judges them
         tokenizer = None
-        if spec.demonstrations:  # the demonstrations are encoded with the model's tokenizer
-            from rlft.models import load_tokenizer
+        if spec.demonstrations or spec.samples:  # the environment meets the policy's tokenizer (its tool-call
+            from rlft.models import load_tokenizer  # format, the demonstrations' encoding) before any rank starts
 
             tokenizer = load_tokenizer(cfg.model, parent)
         env = envs.build(cfg, tokenizer)
@@ -99,7 +99,7 @@ def preflight(cfg) -> None:
             env.check_rows(rows, f"{cfg.data.source} [train]")
         if spec.samples:
             check_sources(cfg, rows[0])
-        if tokenizer is not None:
+        if spec.demonstrations:
             inputs.check_demonstrations_fit(cfg, tokenizer, rows)
     else:
         inputs.rows_of(cfg, spec.rows, "train")

@@ -80,8 +80,10 @@ def test_python_tool_calls_in_the_chat_templates_own_format_through_sft_grpo_and
     rlft("eval", f"run.name={RUN}", "model.path=stage:grpo", "eval.num_problems=2", "eval.samples=2", "eval.k=[1,2]",
          "eval.max_new_tokens=16", "eval.policy_samples=2")
     # a tokenizer without a tool-call format is one line before anything runs
-    proc = rl_cli(tmp_path, "train", *SFT, "run.name=plain", "env=python", "env.tool_format=chat")
-    assert proc.returncode != 0 and "env.tool_format=chat needs a tokenizer with a chat template" in proc.stderr
+    for stage in (SFT, ["algo=grpo", "model.path=builtin:tiny", *RL_SMALL]):
+        proc = rl_cli(tmp_path, "train", *stage, "run.name=plain", "env=python", "env.tool_format=chat")
+        assert proc.returncode != 0 and "env.tool_format=chat needs a tokenizer with a chat template" in proc.stderr
+        assert proc.stderr.count("\n") == 1 and " -> " not in proc.stdout  # before the stage starts
 
 
 def test_a_user_environment_trains_multi_turn_trajectories(tmp_path):
