@@ -46,7 +46,7 @@ def fail(message: str, code: int = 2) -> None:
 def _train_job(cfg) -> float | None:
     """One training job; returns run.objective from its summary (what a search sweeper optimises)."""
     from rlft import handoff
-    from rlft.config import validate
+    from rlft.config.validate import validate
     from rlft.launch import job_dir, launch_train
     from rlft.sweep import objective_value
 
@@ -60,7 +60,7 @@ def _train_job(cfg) -> float | None:
 
 
 def _eval_job(cfg) -> None:
-    from rlft.config import validate
+    from rlft.config.validate import validate
 
     try:
         validate(cfg)
@@ -75,7 +75,7 @@ def run_hydra(task, args: list[str]) -> None:
     """Hand the overrides to Hydra, which composes the config and calls task (once per job)."""
     import hydra
 
-    from rlft.config import register_schemas
+    from rlft.config.schema import register_schemas
     from rlft.overrides import conf_dir, replace_dicts
 
     register_schemas()
@@ -107,7 +107,7 @@ def hydra_overrides(args: list[str]) -> list[str]:
 
 
 def _check(args: list[str]) -> None:
-    from rlft.config import ConfigError
+    from rlft.errors import ConfigError
     from rlft.overrides import check_overrides
 
     overrides = hydra_overrides(args)
@@ -118,7 +118,8 @@ def _check(args: list[str]) -> None:
 
 
 def cmd_list(args: list[str]) -> None:
-    from rlft.config import ALGO_SCHEMAS, describe_keys
+    from rlft.config.algorithms import ALGO_SCHEMAS
+    from rlft.config.docs import describe_keys
     from rlft.overrides import GROUP_KEYS, algo_kind, group_options, option_description
 
     what = args[0] if args else "groups"

@@ -18,7 +18,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlft import handoff, rundir, signals
-from rlft.config import algo_spec, grad_accum_steps, trains_critic
+from rlft.config.algorithms import algo_spec
+from rlft.config.arithmetic import grad_accum_steps, trains_critic
 from rlft.errors import LaunchError, RankUserError
 
 

@@ -91,7 +91,7 @@ def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm"
     quantize = trained and lora.quantized(model_cfg)
     if resolved_path == BUILTIN_MODEL:
         if quantize:
-            from rlft.config import ConfigError
+            from rlft.errors import ConfigError
 
             raise ConfigError("model.lora.load_in_4bit=true loads a checkpoint's weights in 4 bits, and the built-in "
                              "model is built fresh; start from a checkpoint (e.g. model.path=stage:sft)")

@@ -11,7 +11,11 @@ import typing
 from enum import Enum
 from pathlib import Path
 
-from rlft.config import ALGO_SCHEMAS, SECTIONS, ConfigError
+from rlft.config.algorithms import ALGO_SCHEMAS
+
+from rlft.errors import ConfigError
+
+from rlft.config.schema import SECTIONS
 
 GROUP_KEYS = ("algo", "model", "data", "reward", "env", "engine", "logger", "experiment")
 

@@ -108,7 +108,9 @@ def sync(device) -> None:
 def rlft_config(args):
     from hydra import compose, initialize_config_dir
 
-    from rlft.config import register_schemas, validate
+    from rlft.config.schema import register_schemas
+
+    from rlft.config.validate import validate
     from rlft.overrides import conf_dir
 
     register_schemas()

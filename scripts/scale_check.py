@@ -80,7 +80,7 @@ def lengths(model_dir: Path, stage: str) -> tuple[int, int]:
     shortest prompt; GRPO's sequences are a prompt and max_new_tokens."""
     from hydra import compose, initialize_config_dir
 
-    from rlft.config import register_schemas
+    from rlft.config.schema import register_schemas
     from rlft.models import load_tokenizer
     from rlft.overrides import conf_dir
     from rlft.stages import inputs

@@ -237,10 +237,10 @@ def _p3o_entry(per_pair_loss, tokenwise: bool):
     return loss
 
 
-P3O_OPTIONS = ("c", "kl_at", "avg_tokenwise")
+P3O_OPTIONS = ("clip_eps_low", "c", "kl_at", "avg_tokenwise")  # algo.clip_eps_low and pairwise.*
 PAIRWISE_LOSSES.register("p3o_joint", needs=("kl_coef",), options=P3O_OPTIONS)(_p3o_entry(p3o_joint, False))
 PAIRWISE_LOSSES.register("p3o_separate", needs=("kl_coef",), options=P3O_OPTIONS)(_p3o_entry(p3o_separate, False))
-PAIRWISE_LOSSES.register("p3o_separate_tokenwise", needs=("kl_coef",), options=("c", "kl_at"))(
+PAIRWISE_LOSSES.register("p3o_separate_tokenwise", needs=("kl_coef",), options=("clip_eps_low", "c", "kl_at"))(
     _p3o_entry(p3o_separate_tokenwise, True))
 
 

@@ -10,7 +10,9 @@ REINFORCE++ and online RFT:
 adds beta * KL_ESTIMATORS[...] (GRPO's in-loss KL) before reducing it with an
 AGGREGATIONS entry. old_logp=None means on-policy (mu = 1): the ratio is
 exp(logp - sg(logp)), identically 1 with gradient rho * grad(logp) (§4).
-Metrics are detached scalars.
+Metrics are detached scalars. Each entry declares the `algo.*` options it reads (`options=`, the
+fields of PolicyLossConfig): a new loss with a new option adds the field there and in the `algo`
+schema (rlft/config/algorithms.py, `read_when("loss_option")`), nothing else.
 
     ppo_clip    -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A), optional dual clip
     gspo        the same with one length-normalised ratio per sequence (GSPO)
@@ -36,8 +38,10 @@ LOG_RATIO_CLAMP = 20.0  # verl: clamp logp - old_logp before exp (§0)
 
 @dataclass
 class PolicyLossConfig:
-    eps_low: float = 0.2  # lower clip range: rho >= 1 - eps_low
-    eps_high: float = 0.2  # upper clip range: rho <= 1 + eps_high (DAPO clip-higher: 0.28)
+    """The options a policy loss reads, named as their `algo.*` keys. Each loss declares the ones it reads
+    when it registers (`options=`); the update fills exactly those, and setting another is refused."""
+    clip_eps_low: float = 0.2  # lower clip range: rho >= 1 - eps_low
+    clip_eps_high: float = 0.2  # upper clip range: rho <= 1 + eps_high (DAPO clip-higher: 0.28)
     dual_clip_c: float | None = None  # dual clip (verl clip_ratio_c = 3): cap l_t at -c A for A < 0
 
 
@@ -60,7 +64,7 @@ def _ratio_metrics(ratio: Tensor, log_ratio: Tensor, mask: Tensor) -> dict[str, 
     }
 
 
-@POLICY_LOSSES.register("ppo_clip")
+@POLICY_LOSSES.register("ppo_clip", options=("clip_eps_low", "clip_eps_high", "dual_clip_c"))
 def ppo_clip(
     logp: Tensor, old_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -77,7 +81,7 @@ def ppo_clip(
     ratio, log_ratio = importance_ratio(logp, old_logp)
     adv = zero_masked(adv.detach(), mask)  # padding may hold anything, even NaN
     unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high) * adv
+    clipped = ratio.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high) * adv
     clipped_active = clipped < unclipped
     loss = -torch.where(clipped_active, clipped, unclipped)
     dual_active = torch.zeros_like(clipped_active)
@@ -96,7 +100,7 @@ def ppo_clip(
     return zero_masked(loss, mask), metrics
 
 
-@POLICY_LOSSES.register("reinforce")
+@POLICY_LOSSES.register("reinforce", options=())
 def reinforce(
     logp: Tensor, old_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -116,7 +120,7 @@ def reinforce(
     return zero_masked(loss, mask), metrics
 
 
-@POLICY_LOSSES.register("gspo")
+@POLICY_LOSSES.register("gspo", options=("clip_eps_low", "clip_eps_high"))
 def gspo(
     logp: Tensor, old_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -137,7 +141,7 @@ def gspo(
     ratio = torch.exp(seq_log_ratio[:, None] + logp - logp.detach())
     adv = zero_masked(adv.detach(), mask)
     unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high) * adv
+    clipped = ratio.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high) * adv
     clipped_active = clipped < unclipped
     loss = -torch.where(clipped_active, clipped, unclipped)
     metrics = {

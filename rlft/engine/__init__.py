@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from rlft import lora
-from rlft.config import grad_accum_steps
+from rlft.config.arithmetic import grad_accum_steps
 from rlft.engine import dist
 from rlft.engine.integrity import write_checksums
 from rlft.errors import DiskFullError, NonFiniteError

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from rlft import envs, handoff
 from rlft.envs import episodes
-from rlft.config import ConfigError
+from rlft.errors import ConfigError
 from rlft.data.loading import DataError
 from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.eval.metrics import maj_at_k_votes, pass_at_k

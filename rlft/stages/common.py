@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rlft import handoff, microbatch, signals
-from rlft.config import samples_per_step
+from rlft.config.arithmetic import samples_per_step
 from rlft.engine import CHECKPOINT_CONFIG, Engine, dist, list_checkpoints
 from rlft.engine.integrity import damage
 from rlft.errors import Interrupted, StageError

@@ -25,7 +25,7 @@ from rlft import handoff
 from omegaconf import OmegaConf
 
 from rlft.algos import AdaptiveKLController, frac_zero_std_groups
-from rlft.config import needs_reference, trains_critic
+from rlft.config.arithmetic import needs_reference, trains_critic
 from rlft.engine import Engine, dist, list_checkpoints
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardError

@@ -117,7 +117,7 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
     policy_loss = POLICY_LOSSES.get(a.policy_loss)
     aggregate = AGGREGATIONS.get(a.loss_agg)
     kl_fn = KL_ESTIMATORS.get(a.kl_estimator)
-    pl_cfg = PolicyLossConfig(a.clip_eps_low, a.clip_eps_high, a.dual_clip_c)
+    pl_cfg = PolicyLossConfig(**{key: getattr(a, key) for key in POLICY_LOSSES.meta(a.policy_loss).get("options", ())})
     for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
         denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
         groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)

@@ -40,7 +40,8 @@ world = int(os.environ["WORLD_SIZE"])
 
 from hydra import compose, initialize_config_dir
 from rlft import microbatch
-from rlft.config import register_schemas, validate
+from rlft.config.schema import register_schemas
+from rlft.config.validate import validate
 from rlft.overrides import conf_dir
 from rlft.data.tokenizer import build_char_tokenizer
 from rlft.engine import Engine, dist

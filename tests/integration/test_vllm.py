@@ -38,7 +38,7 @@ def setup():
     from omegaconf import OmegaConf
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlft.config import Config
+    from rlft.config.schema import Config
     from rlft.data.tokenizer import build_char_tokenizer
     from rlft.rollout.generate import Frozen, build_engine
 

@@ -30,7 +30,7 @@ def test_t3_grpo_token_loss_values_and_gradients(adv):
     old_logp, ref_logp, mask = t([seq["logp_old"]]), t([seq["logp_ref"]]), ones(1, 3)
     A = torch.full((1, 3), adv, dtype=torch.float64)
 
-    pg, metrics = POLICY_LOSSES.get("ppo_clip")(logp, old_logp, A, mask, PolicyLossConfig(eps_low=0.2, eps_high=0.2))
+    pg, metrics = POLICY_LOSSES.get("ppo_clip")(logp, old_logp, A, mask, PolicyLossConfig(clip_eps_low=0.2, clip_eps_high=0.2))
     torch.testing.assert_close(-pg[0], t(exp["surrogate_min"]), **TOL)
     assert float(metrics["clipfrac"]) == pytest.approx(sum(exp["clipped(zero pg grad)"]) / 3)
     torch.testing.assert_close(metrics["ratio_mean"], t(exp["ratio"]).mean(), **TOL)
@@ -57,12 +57,12 @@ def test_t3_grpo_token_loss_values_and_gradients(adv):
 def test_t3_dapo_clip_higher():
     exp = T3["dapo_clip_higher_token3"]
     logp, old_logp = t([[-0.2]], grad=True), t([[-0.5]])  # ratio exp(0.3) = 1.34985881
-    cfg = PolicyLossConfig(eps_low=exp["eps_low"], eps_high=exp["eps_high"])
+    cfg = PolicyLossConfig(clip_eps_low=exp["eps_low"], clip_eps_high=exp["eps_high"])
     loss, metrics = POLICY_LOSSES.get("ppo_clip")(logp, old_logp, t([[exp["A"]]]), ones(1, 1), cfg)
     torch.testing.assert_close(-loss[0, 0], t(exp["surrogate"]), **TOL)  # 1.28
     assert float(metrics["clipfrac"]) == 1.0 and exp["clipped"]
     # with eps_high 0.4 the same token is inside the range: surrogate = ratio
-    loss, _ = POLICY_LOSSES.get("ppo_clip")(logp, old_logp, t([[1.0]]), ones(1, 1), PolicyLossConfig(eps_high=0.4))
+    loss, _ = POLICY_LOSSES.get("ppo_clip")(logp, old_logp, t([[1.0]]), ones(1, 1), PolicyLossConfig(clip_eps_high=0.4))
     torch.testing.assert_close(-loss[0, 0], t(exp["ratio"]), **TOL)
 
 

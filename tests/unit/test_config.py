@@ -12,7 +12,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from rlft import config as rc
+from rlft.config.algorithms import ALGO_SCHEMAS, ALGOS, algo_spec
+from rlft.config.arithmetic import grad_accum_steps
+from rlft.config.docs import describe_keys
+from rlft.config.schema import SECTIONS, TrainConfig, register_schemas
+from rlft.config.validate import validate
+from rlft.errors import ConfigError
 from rlft.overrides import GROUP_KEYS, algo_kind, conf_dir, group_options
 
 # Options whose YAML leaves a mandatory value (???) for the user to fill.
@@ -23,7 +28,7 @@ REQUIRED_FILL = {
 
 
 def _compose(overrides: list[str]):
-    rc.register_schemas()
+    register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
@@ -50,7 +55,7 @@ def test_every_group_has_options_and_descriptions():
 
 def test_defaults_compose_and_validate():
     cfg = _compose([])
-    rc.validate(cfg)
+    validate(cfg)
     assert cfg.algo.name == "sft"
     assert cfg.engine.zero_stage == 0
     assert cfg.model.path == "auto"
@@ -58,7 +63,7 @@ def test_defaults_compose_and_validate():
     assert cfg.run.name == "default" and cfg.run.root == "runs"
     # the schema's structure survives composition: no key is lost or added by the defaults
     container = OmegaConf.to_container(cfg, resolve=True)
-    assert set(container) == set(rc.SECTIONS)
+    assert set(container) == set(SECTIONS)
 
 
 @pytest.mark.parametrize("group,option", _group_cases(), ids=lambda x: str(x))
@@ -66,7 +71,7 @@ def test_every_group_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"] + REQUIRED_FILL.get((group, option), [])
     cfg = _compose(overrides)
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # no ??? left, interpolations resolve
-    rc.validate(cfg)
+    validate(cfg)
     if group == "algo":
         assert cfg.algo.name == option
         assert isinstance(cfg.algo.init_from, str) and cfg.algo.init_from
@@ -79,8 +84,8 @@ def test_algo_yaml_is_typed_by_its_schema(algo):
     """algo=<preset> composes into its loop's dataclass (so its keys are type-checked)."""
     cfg = _compose([f"algo={algo}"])
     kind = algo_kind(algo)
-    assert cfg.algo.kind == kind and rc.algo_spec(cfg.algo) is rc.ALGOS[kind]
-    schema_keys = {f.name for f in dataclasses.fields(rc.ALGO_SCHEMAS[kind])}
+    assert cfg.algo.kind == kind and algo_spec(cfg.algo) is ALGOS[kind]
+    schema_keys = {f.name for f in dataclasses.fields(ALGO_SCHEMAS[kind])}
     assert set(cfg.algo.keys()) == schema_keys
     with pytest.raises(Exception):  # struct mode: an unknown algo key is rejected by Hydra too
         _compose([f"algo={algo}", "algo.no_such_key=1"])
@@ -89,14 +94,14 @@ def test_algo_yaml_is_typed_by_its_schema(algo):
 def test_engine_zero_options_compose_with_other_groups():
     cfg = _compose(["algo=rm", "engine=zero3", "engine.nproc_per_node=2", "train.batch_size=32",
                     "train.micro_batch_per_device=8"])
-    rc.validate(cfg)
-    assert (cfg.algo.name, cfg.engine.zero_stage, rc.grad_accum_steps(cfg)) == ("rm", 3, 2)
+    validate(cfg)
+    assert (cfg.algo.name, cfg.engine.zero_stage, grad_accum_steps(cfg)) == ("rm", 3, 2)
 
 
 def _one_line_error(overrides: list[str], *needles: str) -> str:
     cfg = _compose(overrides)
-    with pytest.raises(rc.ConfigError) as info:
-        rc.validate(cfg)
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
     message = str(info.value)
     assert message and "\n" not in message, repr(message)
     for needle in needles:
@@ -150,12 +155,39 @@ def test_options_the_run_never_reads_are_refused():
     _one_line_error(["algo=grpo", "iterative.iterations=2", "iterative.step_labels=exact",
                      "iterative.label_completions=8", "train.max_steps=20"], "iterative.label_completions=8",
                     "step_labels=mc")
+    # a policy loss reads the options it declares when it registers
+    _one_line_error(["algo=rloo", "algo.clip_eps_high=0.28"], "algo.clip_eps_high=0.28", "algo.policy_loss=reinforce")
+    _one_line_error(["algo=grpo", "algo.policy_loss=gspo", "algo.dual_clip_c=3"], "algo.dual_clip_c=3",
+                    "algo.policy_loss=gspo")
+    validate(_compose(["algo=grpo", "algo.dual_clip_c=3", "algo.clip_eps_high=0.28"]))
+    validate(_compose(["algo=p3o", "algo.clip_eps_low=0.1"]))
     # offline DPO samples questions only from the policy
     _one_line_error(["algo=dpo", "algo.num_prompts=50"], "algo.num_prompts=50", "algo.source=policy")
-    rc.validate(_compose(["algo=dpo", "algo.source=policy", "algo.num_prompts=50"]))
-    rc.validate(_compose(["algo=grpo", "iterative.iterations=2", "iterative.rm_steps=3", "train.max_steps=20"]))
-    rc.validate(_compose(["algo=p3o", "algo.pairwise_loss=p3o_separate", "pairwise.kl_at=current"]))
-    rc.validate(_compose(["algo=grpo", "algo.advantage=gae", "rollout.samples_per_prompt=2", "critic.lr=1e-3"]))
+    validate(_compose(["algo=dpo", "algo.source=policy", "algo.num_prompts=50"]))
+    validate(_compose(["algo=grpo", "iterative.iterations=2", "iterative.rm_steps=3", "train.max_steps=20"]))
+    validate(_compose(["algo=p3o", "algo.pairwise_loss=p3o_separate", "pairwise.kl_at=current"]))
+    validate(_compose(["algo=grpo", "algo.advantage=gae", "rollout.samples_per_prompt=2", "critic.lr=1e-3"]))
+
+
+def test_each_option_that_only_some_runs_read_declares_a_known_rule():
+    """`read_when` names a rule of READ_RULES (a typo would silently exempt the option); every rule is used."""
+    from rlft.config.fields import read_rule
+    from rlft.config.validate import READ_RULES
+
+    declared = set()
+
+    def walk(schema):
+        for f in dataclasses.fields(schema):
+            default = getattr(schema(), f.name)
+            if dataclasses.is_dataclass(default):
+                walk(type(default))
+            elif read_rule(schema, f):
+                assert read_rule(schema, f) in READ_RULES, f"{schema.__name__}.{f.name}: {read_rule(schema, f)}"
+                declared.add(read_rule(schema, f))
+
+    for schema in [*ALGO_SCHEMAS.values(), *(s for s in SECTIONS.values() if dataclasses.is_dataclass(s))]:
+        walk(schema)
+    assert declared == set(READ_RULES)
 
 
 def test_rollout_errors_are_one_line():
@@ -166,8 +198,8 @@ def test_rollout_errors_are_one_line():
 
 
 def test_describe_keys_documents_every_key():
-    for algo in rc.ALGO_SCHEMAS:
-        rows = rc.describe_keys(None, algo)
+    for algo in ALGO_SCHEMAS:
+        rows = describe_keys(None, algo)
         assert len(rows) > 40
         keys = [k for k, _, _ in rows]
         assert len(keys) == len(set(keys)), "duplicate keys"
@@ -176,15 +208,15 @@ def test_describe_keys_documents_every_key():
 
 
 def test_describe_keys_filters_by_prefix_and_shows_defaults():
-    rows = {k: (d, doc) for k, d, doc in rc.describe_keys("train")}
+    rows = {k: (d, doc) for k, d, doc in describe_keys("train")}
     assert all(k.startswith("train.") for k in rows)
-    assert rows["train.max_steps"][0] == repr(rc.TrainConfig().max_steps)
-    assert "data.task.seed" in {k for k, _, _ in rc.describe_keys("data.task")}
+    assert rows["train.max_steps"][0] == repr(TrainConfig().max_steps)
+    assert "data.task.seed" in {k for k, _, _ in describe_keys("data.task")}
 
 
 @pytest.mark.parametrize("key", ["run.name", "seed", "train.max_steps", "engine.zero_stage", "engine.nproc_per_node"])
 def test_public_contract_keys_exist(key):
-    documented = {k for k, _, _ in rc.describe_keys()}
+    documented = {k for k, _, _ in describe_keys()}
     assert key in documented
     cfg = _compose([f"{key}=7" if key != "run.name" else "run.name=contract"])
     value = OmegaConf.select(cfg, key)
@@ -193,7 +225,7 @@ def test_public_contract_keys_exist(key):
 
 def _steps_for(overrides: list[str]) -> int:
     cfg = _compose(overrides)
-    rc.validate(cfg)
+    validate(cfg)
     return int(cfg.train.max_steps)
 
 
@@ -217,14 +249,14 @@ def test_a_sample_budget_sets_the_steps_of_every_loop():
 
 
 def test_the_outcome_weight_needs_process_supervision():
-    rc.validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "algo.outcome_weight=0.5"]))
-    rc.validate(_compose(["algo=grpo", "algo.advantage=grpo_process_min", "algo.outcome_weight=0.5",
+    validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "algo.outcome_weight=0.5"]))
+    validate(_compose(["algo=grpo", "algo.advantage=grpo_process_min", "algo.outcome_weight=0.5",
                           "reward.process=exact"]))
     _one_line_error(["algo=grpo", "algo.outcome_weight=0.5"], "algo.outcome_weight=0.5", "grpo_process")
 
 
 def test_the_exact_step_scorer_needs_process_supervision_and_the_builtin_task():
-    rc.validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact"]))
+    validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact"]))
     _one_line_error(["algo=grpo", "reward.process=exact"], "reward.process=exact", "grpo_process")
     _one_line_error(["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact", "data=jsonl",
                      "data.source=/some/file.jsonl"], "reward.process=exact", "reward.process=prm")
@@ -232,7 +264,7 @@ def test_the_exact_step_scorer_needs_process_supervision_and_the_builtin_task():
 
 def test_exact_iteration_labels_need_the_builtin_task():
     iterative = ["algo=grpo", "iterative.iterations=2", "train.max_steps=20", "iterative.step_labels=exact"]
-    rc.validate(_compose(iterative))
+    validate(_compose(iterative))
     _one_line_error([*iterative, "data=jsonl", "data.source=/some/file.jsonl"], "iterative.step_labels=exact",
                     "iterative.step_labels=mc")
     _one_line_error(["algo=grpo", "iterative.step_labels=exact"], "iterative.step_labels=exact", "iterations > 1")

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlft import envs
-from rlft.config import Config
+from rlft.config.schema import Config
 from rlft.envs import calculator as C
 from rlft.envs import sandbox
 from rlft.envs.math import MathEnv, answers_equal
@@ -220,7 +220,7 @@ def test_a_mapping_on_the_command_line_replaces_a_dict_options_default():
     the new keys); the CLI hands Hydra the overrides through replace_dicts."""
     from hydra import compose, initialize_config_dir
 
-    from rlft.config import register_schemas
+    from rlft.config.schema import register_schemas
     from rlft.overrides import conf_dir, replace_dicts
 
     register_schemas()

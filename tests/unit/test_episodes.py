@@ -183,7 +183,7 @@ def test_a_single_turn_environment_is_one_engine_call(setup):
 def test_hostile_tool_code_is_that_steps_error_and_the_trajectory_goes_on():
     from omegaconf import OmegaConf
 
-    from rlft.config import Config
+    from rlft.config.schema import Config
     from rlft.envs.python_tool import PythonEnv
 
     cfg = OmegaConf.structured(Config)

@@ -45,7 +45,7 @@ def test_outcome_pairs_stay_within_a_question():
 def test_the_exact_step_scorer_scores_steps_against_the_rows_worked_solution():
     from omegaconf import OmegaConf
 
-    from rlft.config import Config
+    from rlft.config.schema import Config
     from rlft.envs.math import MathEnv
     from rlft.rewards.scoring import ExactSteps
 

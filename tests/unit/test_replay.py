@@ -70,7 +70,7 @@ def test_a_reward_model_without_kept_rows_has_no_history(tmp_path):
 def test_iteration_rows_with_exact_step_labels_need_no_continuations():
     """iterative.step_labels=exact: each step checked against the worked solution; as many correct as
     incorrect completions, at most label_budget incorrect ones; nothing is sampled."""
-    from rlft.config import Config
+    from rlft.config.schema import Config
     from rlft.envs.math import MathEnv
 
     cfg = OmegaConf.merge(OmegaConf.structured(Config), {"iterative": {"step_labels": "exact", "label_budget": 2}})
@@ -90,7 +90,8 @@ def test_iteration_rows_with_exact_step_labels_need_no_continuations():
 def reference_after_an_iteration(tmp_path, reset: bool):
     """Iterations closes iteration 0 of two (one rollout each) and swaps the experience step's reference
     through its interface."""
-    from rlft.config import Config, RLConfig
+    from rlft.config.algorithms import RLConfig
+    from rlft.config.schema import Config
     from rlft.stages.experience import Experience
 
     loaded = []

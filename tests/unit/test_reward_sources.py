@@ -72,7 +72,7 @@ def test_load_user_function_errors_name_the_problem(spec, needles):
 
 # ----------------------------------------------------------------------------- RewardSet
 def reward_cfg(functions, weights=()):
-    from rlft.config import Config
+    from rlft.config.schema import Config
 
     return OmegaConf.merge(OmegaConf.structured(Config),
                            {"reward": {"functions": list(functions), "weights": list(weights)}})

@@ -180,7 +180,9 @@ def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
     from omegaconf import OmegaConf
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlft.config import Config, RLConfig
+    from rlft.config.algorithms import RLConfig
+
+    from rlft.config.schema import Config
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -220,7 +222,7 @@ def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
 def test_a_rollout_carries_what_its_estimator_or_loss_declares(algo, has_reference, correction, want):
     from omegaconf import OmegaConf
 
-    from rlft.config import RLConfig
+    from rlft.config.algorithms import RLConfig
 
     a = OmegaConf.merge(OmegaConf.structured(RLConfig), algo)
     assert experience.rollout_needs(a, has_reference, correction) == want

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlft import rundir
-from rlft.config import ConfigError
+from rlft.errors import ConfigError
 from rlft.data.loading import DataError, map_fields, to_preference_rows, to_sft_rows
 from rlft.engine.integrity import damage, verified, write_checksums
 from rlft.stages import inputs
@@ -121,7 +121,7 @@ def test_a_single_file_holds_out_a_seeded_share():
 def test_unverifiable_answers_are_named_or_counted():
     from omegaconf import OmegaConf
 
-    from rlft.config import Config
+    from rlft.config.schema import Config
     from rlft.envs.math import MathEnv
 
     cfg = OmegaConf.structured(Config)

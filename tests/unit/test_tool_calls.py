@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from helpers import HERMES_TEMPLATE, Scripted
-from rlft.config import Config
+from rlft.config.schema import Config
 from rlft.data.tokenizer import build_char_tokenizer
 from rlft.envs import Reply, build, episodes, tool_calls
 from rlft.envs.python_tool import PYTHON_TOOL

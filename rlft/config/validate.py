@@ -1,0 +1,288 @@
+"""Checks that types alone cannot make, each a one-line ConfigError with the fix: ranges, batch arithmetic,
+registered names, and options a run sets but never reads. (Fixed string choices are `Choice` enums, which
+OmegaConf checks when the config is composed.)"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Callable, Iterator, Optional
+
+from rlft.config.algorithms import algo_spec
+from rlft.config.arithmetic import derive, trains_critic
+from rlft.config.fields import read_rule
+from rlft.config.schema import SECTIONS
+from rlft.errors import ConfigError
+
+
+def _check_choice(key: str, value: Any, choices: list) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+def validate(cfg) -> None:
+    """Check values that types alone cannot; raise ConfigError with a one-line fix. (Fixed string
+    choices are `Choice` enums, which OmegaConf checks when the config is composed.)"""
+    validate_run(cfg.run)
+    derive(cfg)
+    t, e = cfg.train, cfg.engine
+    if algo_spec(cfg.algo).rl:
+        validate_rl(cfg)
+    validate_numbers(cfg)
+    check_unused_options(cfg)
+    check_builtin_only(cfg)
+    from rlft.envs import env_class
+
+    env_class(str(cfg.env.name))  # an unknown environment or import path: one line, before anything starts
+    _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
+    validate_rollout(cfg.rollout)
+    for key, value in [("train.max_steps", t.max_steps), ("train.batch_size", t.batch_size),
+                       ("train.micro_batch_per_device", t.micro_batch_per_device),
+                       ("engine.nproc_per_node", e.nproc_per_node), ("engine.nnodes", e.nnodes),
+                       ("train.max_seq_len", t.max_seq_len), ("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt),
+                       ("rollout.prompts_per_step", cfg.rollout.prompts_per_step)]:
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if t.max_tokens_per_micro_batch < 0:
+        raise ConfigError(f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} must be 0 (off: "
+                          "train.micro_batch_per_device sequences per forward) or a token budget")
+    if cfg.model.lora.load_in_4bit:
+        if cfg.model.lora.rank <= 0:
+            raise ConfigError("model.lora.load_in_4bit=true quantizes the base under a LoRA adapter; set model.lora.rank "
+                              "(e.g. 16) or drop load_in_4bit")
+        if e.zero_stage == 3:
+            raise ConfigError("model.lora.load_in_4bit=true cannot be sharded by ZeRO-3 (4-bit weights are not "
+                              "partitioned); use engine.zero_stage=0, 1 or 2 (the base is 4 bits on every rank)")
+    if not 0 <= e.node_rank < e.nnodes:
+        raise ConfigError(f"engine.node_rank={e.node_rank} must be in [0, engine.nnodes={e.nnodes})")
+    world = e.nproc_per_node * e.nnodes
+    per_step = t.micro_batch_per_device * world
+    if t.batch_size % per_step:
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} is not a multiple of train.micro_batch_per_device x ranks "
+            f"= {t.micro_batch_per_device} x {world}; change one of them")
+    if e.nnodes > 1 and e.master_port == 0:
+        raise ConfigError("engine.master_port=0 cannot be used with engine.nnodes>1; set the same port on every node")
+    bad_k = [k for k in cfg.eval.k if k > cfg.eval.samples or k < 1]
+    if bad_k:
+        raise ConfigError(f"eval.k={list(cfg.eval.k)} has values outside [1, eval.samples={cfg.eval.samples}]")
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=,+@-]*")
+
+
+def validate_run(run) -> None:
+    """run.name names one folder under run.root: not a path, not empty (a run writes only under its root)."""
+    name = "" if run.name is None else str(run.name)
+    if not RUN_NAME.fullmatch(name) or name in (".", ".."):
+        shown = repr(name) if name else "empty"
+        raise ConfigError(f"run.name={shown} is not a run name: one folder name under run.root (letters, digits and "
+                          "_ . - = , + @, not starting with . or -), not a path; to write elsewhere set "
+                          "run.root=<folder> (or run.dir=<folder> for one stage)")
+    if not str(run.root or "").strip():
+        raise ConfigError("run.root is empty: set the folder that holds the runs (default runs)")
+
+
+def _in_range(key: str, value: float, low: float | None, high: float | None = None, *, open_low: bool = False,
+              why: str = "") -> None:
+    """ConfigError naming the allowed range when value is outside [low, high] ((low, high] with open_low)."""
+    bad = (low is not None and (value <= low if open_low else value < low)) or (high is not None and value > high)
+    if bad or (isinstance(value, float) and math.isnan(value)):
+        lo = "" if low is None else (f"> {low}" if open_low else f">= {low}")
+        hi = "" if high is None else f"<= {high}"
+        rule = " and ".join(x for x in (lo, hi) if x)
+        raise ConfigError(f"{key}={value} must be {rule}" + (f" ({why})" if why else ""))
+
+
+def validate_numbers(cfg) -> None:
+    """The numbers a user can get wrong, checked before anything starts (each with its allowed range)."""
+    t, r, ev = cfg.train, cfg.rollout, cfg.eval
+    _in_range("train.lr", t.lr, 0.0)
+    _in_range("train.weight_decay", t.weight_decay, 0.0)
+    _in_range("train.warmup_steps", t.warmup_steps, 0)
+    _in_range("train.grad_clip", t.grad_clip, 0.0, why="0: no clipping")
+    samples = algo_spec(cfg.algo).samples if cfg.algo is not None else False
+    if samples:  # stages that sample from the policy
+        _in_range("rollout.temperature", r.temperature, 0.0, open_low=True,
+                  why="training samples come from the policy's distribution; greedy decoding is what eval reports")
+        _in_range("rollout.top_p", r.top_p, 0.0, 1.0, open_low=True)
+        _in_range("rollout.top_k", r.top_k, 0, why="0: off")
+        _in_range("rollout.max_new_tokens", r.max_new_tokens, 1)
+    _in_range("eval.temperature", ev.temperature, 0.0, open_low=True,
+              why="the sampled metrics (pass@k, maj@k) need samples; greedy accuracy is always reported")
+    _in_range("eval.top_p", ev.top_p, 0.0, 1.0, open_low=True)
+    _in_range("eval.max_new_tokens", ev.max_new_tokens, 1)
+    if algo_spec(cfg.algo).rl if cfg.algo is not None else False:
+        a = cfg.algo
+        _in_range("algo.clip_eps_low", a.clip_eps_low, 0.0, open_low=True)
+        _in_range("algo.clip_eps_high", a.clip_eps_high, 0.0, open_low=True)
+        if trains_critic(cfg):
+            _in_range("critic.lr", cfg.critic.lr, 0.0)
+
+
+def validate_rollout(r) -> None:
+    from rlft.algos import IS_CORRECTIONS
+    from rlft.rollout.sampling import ENGINES
+
+    _check_choice("rollout.engine", r.engine, list(ENGINES))
+    _check_choice("rollout.is_correction", r.is_correction, ["auto"] + IS_CORRECTIONS.names())
+    if r.is_cap <= 1.0:
+        raise ConfigError(f"rollout.is_cap={r.is_cap} must be above 1 (weights are capped or masked past it)")
+    _check_choice("rollout.vllm.sleep_level", r.vllm.sleep_level, [1, 2])
+    if r.vllm.tensor_parallel_size < 1 or not 0 < r.vllm.gpu_memory_utilization <= 1:
+        raise ConfigError("rollout.vllm.tensor_parallel_size must be >= 1 and rollout.vllm.gpu_memory_utilization "
+                          "in (0, 1]")
+    if r.max_new_tokens < 0 or r.batch_size < 1:
+        raise ConfigError("rollout.max_new_tokens must be >= 0 and rollout.batch_size >= 1")
+
+
+# ----------------------------------------------------------------------------- options a run never reads
+def _pairwise_loss(cfg):
+    return cfg.algo.pairwise_loss if algo_spec(cfg.algo).rl else None
+
+
+def _iterative(cfg) -> bool:
+    return algo_spec(cfg.algo).rl and cfg.iterative.iterations > 1
+
+
+def _process_advantage(cfg) -> bool:
+    from rlft.algos import ADVANTAGES
+
+    return algo_spec(cfg.algo).rl and _pairwise_loss(cfg) is None and ADVANTAGES.needs(cfg.algo.advantage, "step_scores")
+
+
+def _critic_unread(cfg, key):
+    if not trains_critic(cfg):
+        return f"algo={cfg.algo.name} trains no critic (only an algo.advantage that needs one does)"
+
+
+def _loss_option_unread(cfg, key):
+    from rlft.algos import PAIRWISE_LOSSES, POLICY_LOSSES
+
+    if not algo_spec(cfg.algo).rl:
+        return f"algo={cfg.algo.name} has no policy loss"
+    loss = _pairwise_loss(cfg)
+    registry, chosen = (PAIRWISE_LOSSES, f"algo.pairwise_loss={loss}") if loss else \
+        (POLICY_LOSSES, f"algo.policy_loss={cfg.algo.policy_loss} (algo.pairwise_loss=None)")
+    if key not in registry.meta(loss or cfg.algo.policy_loss).get("options", ()):
+        return f"algo={cfg.algo.name} with {chosen} does not read it"
+
+
+def _per_token_update_unread(cfg, key):
+    if _pairwise_loss(cfg):
+        return f"a pairwise update (algo.pairwise_loss={cfg.algo.pairwise_loss}) does not read it"
+
+
+def _process_advantage_unread(cfg, key):
+    if not _process_advantage(cfg):
+        return "only process supervision (an algo.advantage that reads step scores: grpo_process|grpo_process_min) reads it"
+
+
+def _iterative_unread(cfg, key):
+    if not _iterative(cfg):
+        return "it applies only with iterative.iterations > 1 in an RL run"
+
+
+def _iterative_mc_labels_unread(cfg, key):
+    return _iterative_unread(cfg, key) or (
+        "it applies only with iterative.step_labels=mc" if cfg.iterative.step_labels != "mc" else None)
+
+
+def _policy_source_unread(cfg, key):
+    if getattr(cfg.algo, "source", None) != "policy":
+        return "it applies only with algo.source=policy"
+
+
+# read_when rule (rlft/config/fields.py) -> (cfg, field name) -> why this run does not read it, or None
+READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
+    "critic": _critic_unread,
+    "loss_option": _loss_option_unread,
+    "per_token_update": _per_token_update_unread,
+    "process_advantage": _process_advantage_unread,
+    "iterative": _iterative_unread,
+    "iterative_mc_labels": _iterative_mc_labels_unread,
+    "policy_source": _policy_source_unread,
+}
+
+
+def unread_options(section_name: str, section, schema: type, cfg) -> Iterator[tuple[str, str]]:
+    """(`section.key=value`, why it is not read) for each option of a section (nested ones too) that is set
+    to other than its schema default and that its declared rule says this run never reads."""
+    default = schema()
+    for f in dataclasses.fields(schema):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(getattr(default, f.name)):
+            yield from unread_options(f"{section_name}.{f.name}", value, type(getattr(default, f.name)), cfg)
+            continue
+        rule = read_rule(schema, f)
+        if rule is None or value == getattr(default, f.name):
+            continue
+        why = READ_RULES[rule](cfg, f.name)
+        if why:
+            yield f"{section_name}.{f.name}={value}", why
+
+
+def check_unused_options(cfg) -> None:
+    """A preset or override that sets an option this run never reads is refused (it would silently do
+    nothing). Which runs read an option is declared with the option (`read_when` in the schema)."""
+    for name, schema in SECTIONS.items():
+        section = getattr(cfg, name)
+        if name == "algo":
+            schema = algo_spec(section).schema
+        if not dataclasses.is_dataclass(schema):
+            continue
+        for option, why in unread_options(name, section, schema, cfg):
+            raise ConfigError(f"{option} is set but never used: {why}; remove it")
+
+
+def check_builtin_only(cfg) -> None:
+    """Options that check steps against the built-in task's worked solutions need the built-in task."""
+    if cfg.data.source == "builtin:arith":
+        return
+    if getattr(cfg.algo, "labels", None) == "exact" and getattr(cfg.algo, "source", None) == "policy":
+        raise ConfigError("algo.labels=exact checks steps against the built-in task's worked solutions; with "
+                          "other data use algo.labels=mc")
+    if _iterative(cfg) and cfg.iterative.step_labels == "exact":
+        raise ConfigError("iterative.step_labels=exact checks steps against the built-in task's worked "
+                          "solutions; with other data use iterative.step_labels=mc")
+    if cfg.reward.process != "prm" and _process_advantage(cfg):
+        raise ConfigError("reward.process=exact checks steps against the built-in task's worked solutions; "
+                          "with other data use a PRM (reward.process=prm)")
+
+
+def validate_rl(cfg) -> None:
+    from rlft.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES
+
+    a, r, world = cfg.algo, cfg.rollout, cfg.engine.nproc_per_node * cfg.engine.nnodes
+    if a.kl_coef < 0:
+        raise ConfigError(f"algo.kl_coef={a.kl_coef} must be >= 0")
+    for key, registry in [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
+                          ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)]:
+        _check_choice(f"algo.{key}", getattr(a, key), registry.names())
+    if a.pairwise_loss is not None:
+        _check_choice("algo.pairwise_loss", a.pairwise_loss, PAIRWISE_LOSSES.names())
+        if not PAIRWISE_LOSSES.needs(a.pairwise_loss, "kl_coef") and a.kl_coef != 0:
+            raise ConfigError(f"algo.kl_coef={a.kl_coef} is set but never used: algo.pairwise_loss={a.pairwise_loss} "
+                              "does not read it (its KL strength is pairwise.beta); set 0")
+        if "beta" in PAIRWISE_LOSSES.meta(a.pairwise_loss).get("options", ()) and cfg.pairwise.beta <= 0:
+            raise ConfigError(f"pairwise.beta={cfg.pairwise.beta} must be > 0 (DPO's strength of the KL to the reference)")
+        if r.samples_per_prompt % 2 or cfg.train.micro_batch_per_device % 2:
+            raise ConfigError(f"a pairwise loss pairs completions of one prompt: rollout.samples_per_prompt="
+                              f"{r.samples_per_prompt} and train.micro_batch_per_device="
+                              f"{cfg.train.micro_batch_per_device} must both be even")
+    elif a.kl_in == "reward" and a.kl_coef > 0 and not ADVANTAGES.needs(a.advantage, "kl_reward"):
+        raise ConfigError(f"algo.kl_in=reward, but algo.advantage={a.advantage} puts no KL into its rewards; set "
+                          f"algo.advantage={'|'.join(ADVANTAGES.names_needing('kl_reward'))} or algo.kl_in=loss")
+    elif r.samples_per_prompt < 2 and ADVANTAGES.needs(a.advantage, "groups"):
+        raise ConfigError(f"rollout.samples_per_prompt={r.samples_per_prompt}: group-relative advantages "
+                          f"(algo.advantage={a.advantage}) need groups of at least 2 completions")
+    shards = a.minibatches_per_rollout * world
+    if r.prompts_per_step % shards:
+        raise ConfigError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by "
+                          f"algo.minibatches_per_rollout x ranks = {a.minibatches_per_rollout} x {world}")
+    iterations = cfg.iterative.iterations
+    per_iteration = a.updates_per_rollout * a.minibatches_per_rollout * iterations
+    if iterations < 1 or cfg.train.max_steps % per_iteration:
+        raise ConfigError(
+            f"train.max_steps={cfg.train.max_steps} must be a multiple of algo.updates_per_rollout x "
+            f"algo.minibatches_per_rollout x iterative.iterations = {per_iteration} (optimizer steps per iteration)")
