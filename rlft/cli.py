@@ -30,7 +30,7 @@ commands:
 
 Examples:
   rlft train algo=sft run.name=demo train.max_steps=300
-  rlft train algo=rm run.name=demo engine=zero2 engine.nproc_per_node=2
+  rlft train algo=rm run.name=demo deepspeed=zero2 deepspeed.nproc_per_node=2
   rlft train -m algo=rm run.name=demo train.lr=1e-4,3e-4
   rlft list keys train
 

@@ -1,9 +1,9 @@
 """The driver: compose once, write the resolved config, then train in-process or start ranks.
 
-One rank (engine.nproc_per_node=1, engine.nnodes=1) trains inside the driver process; more
+One rank (deepspeed.nproc_per_node=1, deepspeed.nnodes=1) trains inside the driver process; more
 ranks are started with torch.distributed.run, each running `python -m rlft.worker CONFIG`.
 Multi-node runs start one driver per machine with the same overrides plus its
-engine.node_rank (see README, 'Multi-node'). Hydra never sees the rank arguments, which is
+deepspeed.node_rank (see README, 'Multi-node'). Hydra never sees the rank arguments, which is
 what keeps `-m` sweeps and the DeepSpeed launcher from tripping over each other.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ def resolved(cfg):
 
 
 def batch_arithmetic(cfg) -> str:
-    world = cfg.engine.nproc_per_node * cfg.engine.nnodes
+    world = cfg.deepspeed.nproc_per_node * cfg.deepspeed.nnodes
     return (f"batch: {cfg.train.batch_size} sequences per optimizer step = {cfg.train.micro_batch_per_device} "
             f"per micro-batch x {world} rank(s) x {grad_accum_steps(cfg)} accumulation step(s); "
             f"up to {cfg.train.batch_size * cfg.train.max_seq_len} tokens per step; "
@@ -72,20 +72,20 @@ def preflight(cfg) -> None:
     from rlft.rewards.scoring import check_sources
     from rlft.stages import inputs
 
-    a, spec = cfg.algo, algo_spec(cfg.algo)
+    algo, spec = cfg.algo, algo_spec(cfg.algo)
     functions = list(cfg.reward.functions) if spec.samples else []
     if trains_critic(cfg):
         handoff.resolve_model_path(cfg, cfg.critic.init)
     if "rm" in functions:
         handoff.resolve_model_path(cfg, cfg.reward.rm_path)
-    if "prm" in functions or (spec.rl and ADVANTAGES.needs(a.advantage, "step_scores")
+    if "prm" in functions or (spec.rl and ADVANTAGES.needs(algo.advantage, "step_scores")
                               and cfg.reward.process == "prm"):
         handoff.resolve_model_path(cfg, cfg.reward.prm_path)
     if spec.samples:
         check_sources(cfg)  # imports first: a broken module is one line before the data is built
-    if getattr(a, "source", None) == "policy":
-        handoff.resolve_model_path(cfg, a.sample_from)
-    policy_samples = getattr(a, "source", None) == "policy"  # a reward model labels samples of its questions
+    if getattr(algo, "source", None) == "policy":
+        handoff.resolve_model_path(cfg, algo.sample_from)
+    policy_samples = getattr(algo, "source", None) == "policy"  # a reward model labels samples of its questions
     if spec.samples or policy_samples or spec.rows == "qa":  # the environment's rows, checked where it judges them
         tokenizer = None
         if spec.demonstrations or spec.samples:  # the environment meets the policy's tokenizer (its tool-call
@@ -121,7 +121,7 @@ def launch_train(cfg) -> None:
     quiet_environment()
     preflight(cfg)
     run_dir = Path(cfg.run.dir)
-    if cfg.engine.node_rank != 0:  # node 0's driver holds the stage's lock
+    if cfg.deepspeed.node_rank != 0:  # node 0's driver holds the stage's lock
         run_ranks(cfg, run_dir)
         return
     with rundir.stage_lock(run_dir):
@@ -133,16 +133,17 @@ def launch_train(cfg) -> None:
 
 
 def run_ranks(cfg, run_dir: Path) -> None:
-    e, t = cfg.engine, cfg.train
+    ds_opts, train = cfg.deepspeed, cfg.train
     print(f"[rlft] {cfg.algo.name} -> {run_dir}\n[rlft] {batch_arithmetic(cfg)}", flush=True)
-    if t.packing and cfg.model.attn_implementation not in ("flash_attention_2", "flash_attention_3"):
+    if train.packing and cfg.model.attn_implementation not in ("flash_attention_2", "flash_attention_3"):
         print(f"[rlft] note: train.packing with model.attn_implementation={cfg.model.attn_implementation} attends over "
               "each whole packed row under a block-diagonal mask, which costs more than it saves on short sequences; "
               "packing pays with model.attn_implementation=flash_attention_2 (GPU)", flush=True)
-    if t.warmup_steps >= t.max_steps:
-        print(f"[rlft] note: train.warmup_steps={t.warmup_steps} is not below train.max_steps={t.max_steps}: the "
-              f"learning rate reaches train.lr={t.lr:g} only at the last step (lower train.warmup_steps)", flush=True)
-    if e.nproc_per_node * e.nnodes == 1:
+    if train.warmup_steps >= train.max_steps:
+        print(f"[rlft] note: train.warmup_steps={train.warmup_steps} is not below train.max_steps={train.max_steps}: "
+              f"the learning rate reaches train.lr={train.lr:g} only at the last step (lower train.warmup_steps)",
+              flush=True)
+    if ds_opts.nproc_per_node * ds_opts.nnodes == 1:
         from rlft.worker import run_stage
 
         signals.install()  # SIGINT/SIGTERM: checkpoint after the current step, then a one-line stop
@@ -201,12 +202,12 @@ def run_launcher(cmd: list[str], env: dict) -> int:
 
 
 def rank_command(cfg, cfg_path: Path) -> list[str]:
-    e = cfg.engine
-    port = e.master_port
+    ds_opts = cfg.deepspeed
+    port = ds_opts.master_port
     if port == 0:
         from rlft.engine.dist import free_port
 
         port = free_port()
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={e.nproc_per_node}",
-            f"--nnodes={e.nnodes}", f"--node_rank={e.node_rank}", f"--master_addr={e.master_addr}",
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ds_opts.nproc_per_node}",
+            f"--nnodes={ds_opts.nnodes}", f"--node_rank={ds_opts.node_rank}", f"--master_addr={ds_opts.master_addr}",
             f"--master_port={port}", "-m", "rlft.worker", str(cfg_path)]

@@ -21,7 +21,7 @@ and, per phase, what exists only for a while:
                  (2 x layers x kv-width x sequences x positions)
     optimizer    ZeRO 1-3 flatten the rank's fp32 gradient partition and Adam makes temporaries of it:
     step         3 x 4 bytes x trainable / ranks (measured on DeepSpeed's ZeRO-3 step; ZeRO-3 steps one
-                 sub-group of engine.zero3_sub_group_elements at a time)
+                 sub-group of deepspeed.zero3_sub_group_elements at a time)
     training     activations (without checkpointing: every layer's saved tensors, about
                  11 hidden + 4 intermediate values per token; with it: one hidden vector per layer and
                  token, plus one layer's tensors while it is recomputed), the LM head's fp32 logits of the
@@ -110,9 +110,9 @@ class Setup:
     loss_tokens: int = 0  # of those, the ones whose logits are computed (responses)
     generate_sequences: int = 0  # sequences generated at once (0: no generation, e.g. SFT)
     generate_positions: int = 0  # prompt + new tokens of each
-    zero3_sub_group_elements: int = 10**9  # ZeRO-3 optimizer-step sub-group (engine.zero3_sub_group_elements)
-    zero3_live_parameters: int = 10**9  # ZeRO-3 gathered elements kept between uses (engine.zero3_live_parameters)
-    bucket_elements: int = 0  # ZeRO-2/3 reduce bucket (rlft.engine.bucket_elements); 0 = hidden², >= 2^20
+    zero3_sub_group_elements: int = 10**9  # ZeRO-3 optimizer-step sub-group (deepspeed.zero3_sub_group_elements)
+    zero3_live_parameters: int = 10**9  # ZeRO-3 gathered elements kept between uses (deepspeed.zero3_live_parameters)
+    bucket_elements: int = 0  # ZeRO-2/3 reduce bucket (rlft.deepspeed.bucket_elements); 0 = hidden², >= 2^20
     runtime_bytes: int = 0  # the process's own footprint
 
 

@@ -15,9 +15,9 @@ from rlft.config.algorithms import ALGO_SCHEMAS
 
 from rlft.errors import ConfigError
 
-from rlft.config.schema import SECTIONS
+from rlft.config.schema import RENAMED_SECTIONS, SECTIONS
 
-GROUP_KEYS = ("algo", "model", "data", "reward", "env", "engine", "logger", "experiment")
+GROUP_KEYS = ("algo", "model", "data", "reward", "env", "deepspeed", "logger", "experiment")
 
 
 def conf_dir() -> Path:
@@ -200,6 +200,13 @@ def check_overrides(args: list[str]) -> None:
             raise ConfigError(f"{key.lstrip('+')} is not used by rlft: {UNUSED_HYDRA_KEYS[key.lstrip('+')]}")
         if key.startswith("hydra") or o.is_delete() or (o.is_add() and "." in key):
             continue
+        old = key.lstrip("+").split(".")[0]
+        if old in RENAMED_SECTIONS:
+            new, values = RENAMED_SECTIONS[old] + key.lstrip("+")[len(old):], _values(o)
+            shown = lambda k: f"{k}={values[0]}" if len(values) == 1 else k  # noqa: E731
+            section = RENAMED_SECTIONS[old]
+            raise ConfigError(f"'{shown(key)}' is now '{shown(new)}' (the section `{old}` is now `{section}`: "
+                              f"{section}=<option>, {section}.<key>; see `rlft list keys {section}`)")
         if key in GROUP_KEYS:
             options = group_options(key)
             for value in _values(o):

@@ -14,7 +14,7 @@ def run_stage(cfg) -> dict:
     from rlft.stages import run_stage_function
     from rlft.stages.common import StageContext
 
-    info = dist.init(cfg.engine)
+    info = dist.init(cfg.deepspeed)
     ctx = StageContext(cfg=cfg, info=info, run_dir=Path(cfg.run.dir))
     return run_stage_function(cfg, ctx)
 

@@ -119,10 +119,10 @@ def rlft_config(args):
                  f"rollout.max_new_tokens={args.new_tokens}", f"algo.kl_coef={args.kl_coef}", "algo.loss_agg=token-mean",
                  f"rollout.batch_size={n}", f"train.micro_batch_per_device={args.micro_batch or n}",
                  f"train.max_seq_len={args.prompt_tokens}", "train.lr=1e-6", "train.warmup_steps=0",
-                 f"engine.precision={args.precision}", f"engine.zero_stage={args.zero_stage}",
-                 f"rollout.hf_cache={args.cache}", f"engine.device={args.device}", f"rollout.engine={args.engine}",
-                 f"engine.activation_checkpointing={str(args.activation_checkpointing).lower()}",
-                 f"engine.threads_per_rank={args.threads}", "logger.wandb=disabled", "logger.progress=false"]
+                 f"deepspeed.precision={args.precision}", f"deepspeed.zero_stage={args.zero_stage}",
+                 f"rollout.hf_cache={args.cache}", f"deepspeed.device={args.device}", f"rollout.engine={args.engine}",
+                 f"deepspeed.activation_checkpointing={str(args.activation_checkpointing).lower()}",
+                 f"deepspeed.threads_per_rank={args.threads}", "logger.wandb=disabled", "logger.progress=false"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     cfg.data.prompt_template = "{question}"  # the prompt's words as they are: exactly --prompt-tokens tokens
@@ -164,7 +164,7 @@ def run_rlft(args) -> dict:
     from rlft.stages.update import Update
 
     cfg = rlft_config(args)
-    info = dist.init(cfg.engine)
+    info = dist.init(cfg.deepspeed)
     device = info.device
     tok = build_tokenizer(SHAPES[args.shape]["vocab_size"])
     policy = Engine(cfg, build_model(args.shape, args.seed))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step time of the SFT stage under ZeRO-0/2/3 at 1 and 2 ranks (same global batch), from each
 # run's metrics.jsonl. Prints a markdown table. CPU by default; pass overrides to change, e.g.
-#   bash scripts/bench_engine.sh engine.device=cuda engine.precision=bf16
+#   bash scripts/bench_engine.sh deepspeed.device=cuda deepspeed.precision=bf16
 set -euo pipefail
 OUT=${BENCH_DIR:-runs/bench_engine}
 STEPS=${STEPS:-30}
@@ -12,7 +12,7 @@ echo "|---|---|---|---|"
 for stage in 0 2 3; do
   for ranks in 1 2; do
     name=z${stage}r${ranks}
-    rlft train "${COMMON[@]}" run.name=$name engine.zero_stage=$stage engine.nproc_per_node=$ranks >/dev/null 2>&1 \
+    rlft train "${COMMON[@]}" run.name=$name deepspeed.zero_stage=$stage deepspeed.nproc_per_node=$ranks >/dev/null 2>&1 \
       || { echo "| $stage | $ranks | failed | |"; continue; }
     python3 - "$OUT/$name/sft/metrics.jsonl" "$stage" "$ranks" <<'PY'
 import json, sys

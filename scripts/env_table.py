@@ -93,7 +93,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     root = Path("runs") / args.run
     rlft = [sys.executable, "-m", "rlft.cli"]
-    common = [f"run.name={args.run}", "logger.progress=false", "engine.threads_per_rank=1", *args.overrides]
+    common = [f"run.name={args.run}", "logger.progress=false", "deepspeed.threads_per_rank=1", *args.overrides]
     evals = ["eval.samples=8", "eval.k=[1,8]", f"eval.num_problems={args.eval_problems}"]
 
     def sft(row):
@@ -102,7 +102,8 @@ def main() -> None:
 
     def grpo(row, seed):
         out = root / "envs" / row / f"s{seed}"
-        return out, rlft + ["train", "algo=grpo", f"run.dir={out}", f"model.path={root / 'envs' / row / 'sft' / 'final'}",
+        return out, rlft + ["train", "algo=grpo", f"run.dir={out}",
+                            f"model.path={root / 'envs' / row / 'sft' / 'final'}",
                             f"seed={seed}", f"train.max_samples={args.budget}", *ROWS[row], *common]
 
     def evaluate(row, name, model):

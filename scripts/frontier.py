@@ -5,7 +5,7 @@ algorithm's frontier.
 
     python scripts/frontier.py                                   # PPO, P3O, GRPO on the built-in task
     python scripts/frontier.py --run frontier --algos ppo,p3o,grpo,online_dpo --steps 100
-    python scripts/frontier.py --betas grpo=0,0.04,0.2 --rl-arg rollout.prompts_per_step=16 -- engine.threads_per_rank=1
+    python scripts/frontier.py --betas grpo=0,0.04,0.2 --rl-arg rollout.prompts_per_step=16 -- deepspeed.threads_per_rank=1
     python scripts/frontier.py --algos ppo,p3o --budget 6400 --seeds 0,1,2     # equal samples, 3 seeds
 
 Overrides after `--` go to every rlft command (training and evaluation); --rl-arg and --parent-arg

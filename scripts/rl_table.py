@@ -95,14 +95,15 @@ class Runner:
         with open(log, "w") as f:
             f.write(line + "\n")
             f.flush()
-            code = subprocess.run([sys.executable, "-m", "rlft.cli", *cmd], stdout=f, stderr=subprocess.STDOUT).returncode
+            code = subprocess.run([sys.executable, "-m", "rlft.cli", *cmd], stdout=f,
+                                  stderr=subprocess.STDOUT).returncode
         if code:
             tail = log.read_text().strip().splitlines()[-3:]
             raise SystemExit(f"rl_table: `{line[:120]}` failed (exit {code}); log {log}:\n" + "\n".join(tail))
         print(f"[rl_table] done in {time.time() - tic:.0f} s: {line[:100]}", flush=True)
 
     def threads(self) -> list[str]:
-        return ["engine.threads_per_rank=1"] if self.args.jobs > 1 else []
+        return ["deepspeed.threads_per_rank=1"] if self.args.jobs > 1 else []
 
     def parent(self, name: str) -> None:
         if not complete(self.root / name):

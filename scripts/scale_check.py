@@ -45,11 +45,11 @@ SUB_GROUP = 50_000_000  # ZeRO-3 optimizer-step sub-group: 0.6 GiB of temporarie
 SETUPS = {  # name -> (ranks, overrides of both stages)
     # gathered parameters released after use (DeepSpeed's default keeps a 0.5B model gathered whole) and the
     # optimizer step in sub-groups (its temporaries are 3 x a sub-group: 2.8 GiB per rank for the whole partition)
-    "zero3": (2, ["engine=zero3", "engine.nproc_per_node=2", f"engine.zero3_live_parameters={LIVE}",
-                  f"engine.zero3_sub_group_elements={SUB_GROUP}"]),
-    "lora": (1, ["engine=zero0", "model.lora.rank=16"]),
+    "zero3": (2, ["deepspeed=zero3", "deepspeed.nproc_per_node=2", f"deepspeed.zero3_live_parameters={LIVE}",
+                  f"deepspeed.zero3_sub_group_elements={SUB_GROUP}"]),
+    "lora": (1, ["deepspeed=zero0", "model.lora.rank=16"]),
 }
-COMMON = ["model=hf", "engine.activation_checkpointing=true", "train.save_every=0", "train.log_every=1",
+COMMON = ["model=hf", "deepspeed.activation_checkpointing=true", "train.save_every=0", "train.log_every=1",
           "train.warmup_steps=0", "train.max_steps=2", "train.micro_batch_per_device=4", "train.max_seq_len=256",
           "data.max_test_rows=8", "logger=none", "logger.progress=false"]
 STAGES = {
@@ -87,7 +87,8 @@ def lengths(model_dir: Path, stage: str) -> tuple[int, int]:
 
     register_schemas()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        cfg = compose("config", overrides=[*COMMON, *STAGES[stage], f"model.path={model_dir}", "data.max_train_rows=2000"])
+        cfg = compose("config", overrides=[*COMMON, *STAGES[stage], f"model.path={model_dir}",
+                                           "data.max_train_rows=2000"])
     tok = load_tokenizer(cfg.model, str(model_dir))
     examples = inputs.sft_examples(cfg, tok, "train")
     longest = max(len(ex["input_ids"]) for ex in examples)

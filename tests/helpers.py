@@ -1,7 +1,7 @@
 """The tests' shared helpers: running `rlft` as a subprocess and reading what it wrote; the online-RL pieces.
 
 Every test runs `rlft` as a subprocess with cwd=tmp_path, so runs land in tmp_path/runs. The
-environment pins one torch thread per process (OMP_NUM_THREADS=1 and engine.threads_per_rank=1):
+environment pins one torch thread per process (OMP_NUM_THREADS=1 and deepspeed.threads_per_rank=1):
 on a small shared CPU machine, thread oversubscription makes torch 20x slower. wandb is always
 disabled (WANDB_MODE=disabled and logger.wandb=disabled): wandb with no network can hang.
 
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
     "data.task.num_train=200", "data.task.num_test=20", "train.max_seq_len=128",
-    "engine.threads_per_rank=1", "logger.wandb=disabled", "logger.progress=false",
+    "deepspeed.threads_per_rank=1", "logger.wandb=disabled", "logger.progress=false",
 ]
 # The same without the built-in task's knobs (for local data files).
 TINY_MODEL = [a for a in TINY if not a.startswith("data.task.")]

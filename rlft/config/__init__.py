@@ -12,5 +12,5 @@
 - `docs`: `rlft list keys` (field docstrings read from the source).
 
 Public contract (scripts rely on these names): `run.name`, `seed`, `train.max_steps`,
-`engine.zero_stage`, `engine.nproc_per_node`.
+`deepspeed.zero_stage`, `deepspeed.nproc_per_node`.
 """

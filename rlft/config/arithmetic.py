@@ -20,8 +20,9 @@ def needs_reference(cfg) -> bool:
     """An RL run loads the reference model when a KL term reads it or the pairwise loss does."""
     from rlft.algos import PAIRWISE_LOSSES
 
-    a = cfg.algo
-    return a.kl_coef > 0 or (a.pairwise_loss is not None and PAIRWISE_LOSSES.needs(a.pairwise_loss, "reference"))
+    algo = cfg.algo
+    return algo.kl_coef > 0 or (algo.pairwise_loss is not None and PAIRWISE_LOSSES.needs(algo.pairwise_loss,
+                                                                                         "reference"))
 
 
 def sequences_per_example(algo) -> int:
@@ -33,8 +34,9 @@ def samples_per_step(cfg) -> float:
     """Training samples one optimizer step consumes (train.max_samples' unit): an RL step its share of a
     rollout's completions, a supervised step its batch's sequences."""
     if algo_spec(cfg.algo).rl:
-        a, r = cfg.algo, cfg.rollout
-        return r.prompts_per_step * r.samples_per_prompt / (a.updates_per_rollout * a.minibatches_per_rollout)
+        algo, rollout = cfg.algo, cfg.rollout
+        optimizer_steps = algo.updates_per_rollout * algo.minibatches_per_rollout
+        return rollout.prompts_per_step * rollout.samples_per_prompt / optimizer_steps
     return cfg.train.batch_size * sequences_per_example(cfg.algo)
 
 
@@ -43,24 +45,24 @@ def steps_for_budget(cfg, max_samples: int) -> int:
     the same number of rollouts in every iteration."""
     if not algo_spec(cfg.algo).rl:
         return math.ceil(max_samples / samples_per_step(cfg))
-    a, r = cfg.algo, cfg.rollout
-    per_rollout = r.prompts_per_step * r.samples_per_prompt
+    algo, rollout = cfg.algo, cfg.rollout
+    per_rollout = rollout.prompts_per_step * rollout.samples_per_prompt
     rollouts = math.ceil(max_samples / per_rollout)
     iterations = max(int(cfg.iterative.iterations), 1)
     rollouts = math.ceil(rollouts / iterations) * iterations
-    return rollouts * a.updates_per_rollout * a.minibatches_per_rollout
+    return rollouts * algo.updates_per_rollout * algo.minibatches_per_rollout
 
 
 def derive(cfg) -> None:
     """Fill values that follow from others: an RL optimizer step's batch is its rollout share; a sample
     budget (train.max_samples) sets train.max_steps."""
     if algo_spec(cfg.algo).rl:
-        a, r = cfg.algo, cfg.rollout
-        rollout = r.prompts_per_step * r.samples_per_prompt
-        if rollout % a.minibatches_per_rollout:
-            raise ConfigError(f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout} is not divisible "
-                              f"by algo.minibatches_per_rollout={a.minibatches_per_rollout}")
-        batch, given = rollout // a.minibatches_per_rollout, cfg.train.batch_size
+        algo, rollout = cfg.algo, cfg.rollout
+        rollout_size = rollout.prompts_per_step * rollout.samples_per_prompt
+        if rollout_size % algo.minibatches_per_rollout:
+            raise ConfigError(f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout_size} is not "
+                              f"divisible by algo.minibatches_per_rollout={algo.minibatches_per_rollout}")
+        batch, given = rollout_size // algo.minibatches_per_rollout, cfg.train.batch_size
         if given not in (batch, TrainConfig.batch_size):  # set by the user, and RL would replace it
             raise ConfigError(f"train.batch_size={given} is not read by RL: an optimizer step trains on its share of "
                               f"the rollout, rollout.prompts_per_step x rollout.samples_per_prompt / "
@@ -73,5 +75,5 @@ def derive(cfg) -> None:
 
 
 def grad_accum_steps(cfg) -> int:
-    world = cfg.engine.nproc_per_node * cfg.engine.nnodes
+    world = cfg.deepspeed.nproc_per_node * cfg.deepspeed.nnodes
     return cfg.train.batch_size // (cfg.train.micro_batch_per_device * world)

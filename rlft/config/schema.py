@@ -83,7 +83,7 @@ class TrainConfig:
 
 
 @dataclass
-class EngineConfig:
+class DeepSpeedConfig:
     zero_stage: int = 0
     """DeepSpeed ZeRO stage 0-3 (3 shards parameters, 2 gradients, 1 optimizer state)."""
     precision: Precision = Precision.fp32
@@ -413,7 +413,8 @@ class Config:
     algo: Any = None
     """The algorithm and its settings (`rlft list algo`)."""
     train: TrainConfig = field(default_factory=TrainConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    """The DeepSpeed trainer and its launch: ZeRO stage, precision, ranks and machines, device, memory savers."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     pairwise: PairwiseConfig = field(default_factory=PairwiseConfig)
@@ -427,6 +428,9 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {name: hint for name, hint in typing.get_type_hints(Config).items()}
+# Sections that were renamed: old name -> new. An override with the old name is a one-line error naming the new
+# one; a checkpoint's recorded config with the old name is read under the new one.
+RENAMED_SECTIONS = {"engine": "deepspeed"}
 
 
 def register_schemas() -> None:

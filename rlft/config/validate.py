@@ -25,7 +25,7 @@ def validate(cfg) -> None:
     choices are `Choice` enums, which OmegaConf checks when the config is composed.)"""
     validate_run(cfg.run)
     derive(cfg)
-    t, e = cfg.train, cfg.engine
+    train, ds_opts = cfg.train, cfg.deepspeed
     if algo_spec(cfg.algo).rl:
         validate_rl(cfg)
     validate_numbers(cfg)
@@ -34,35 +34,37 @@ def validate(cfg) -> None:
     from rlft.envs import env_class
 
     env_class(str(cfg.env.name))  # an unknown environment or import path: one line, before anything starts
-    _check_choice("engine.zero_stage", e.zero_stage, [0, 1, 2, 3])
+    _check_choice("deepspeed.zero_stage", ds_opts.zero_stage, [0, 1, 2, 3])
     validate_rollout(cfg.rollout)
-    for key, value in [("train.max_steps", t.max_steps), ("train.batch_size", t.batch_size),
-                       ("train.micro_batch_per_device", t.micro_batch_per_device),
-                       ("engine.nproc_per_node", e.nproc_per_node), ("engine.nnodes", e.nnodes),
-                       ("train.max_seq_len", t.max_seq_len), ("rollout.samples_per_prompt", cfg.rollout.samples_per_prompt),
+    for key, value in [("train.max_steps", train.max_steps), ("train.batch_size", train.batch_size),
+                       ("train.micro_batch_per_device", train.micro_batch_per_device),
+                       ("deepspeed.nproc_per_node", ds_opts.nproc_per_node), ("deepspeed.nnodes", ds_opts.nnodes),
+                       ("train.max_seq_len", train.max_seq_len), ("rollout.samples_per_prompt",
+                                                                  cfg.rollout.samples_per_prompt),
                        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step)]:
         if value < 1:
             raise ConfigError(f"{key}={value} must be at least 1")
-    if t.max_tokens_per_micro_batch < 0:
-        raise ConfigError(f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} must be 0 (off: "
+    if train.max_tokens_per_micro_batch < 0:
+        raise ConfigError(f"train.max_tokens_per_micro_batch={train.max_tokens_per_micro_batch} must be 0 (off: "
                           "train.micro_batch_per_device sequences per forward) or a token budget")
     if cfg.model.lora.load_in_4bit:
         if cfg.model.lora.rank <= 0:
-            raise ConfigError("model.lora.load_in_4bit=true quantizes the base under a LoRA adapter; set model.lora.rank "
-                              "(e.g. 16) or drop load_in_4bit")
-        if e.zero_stage == 3:
+            raise ConfigError("model.lora.load_in_4bit=true quantizes the base under a LoRA adapter; set "
+                              "model.lora.rank (e.g. 16) or drop load_in_4bit")
+        if ds_opts.zero_stage == 3:
             raise ConfigError("model.lora.load_in_4bit=true cannot be sharded by ZeRO-3 (4-bit weights are not "
-                              "partitioned); use engine.zero_stage=0, 1 or 2 (the base is 4 bits on every rank)")
-    if not 0 <= e.node_rank < e.nnodes:
-        raise ConfigError(f"engine.node_rank={e.node_rank} must be in [0, engine.nnodes={e.nnodes})")
-    world = e.nproc_per_node * e.nnodes
-    per_step = t.micro_batch_per_device * world
-    if t.batch_size % per_step:
+                              "partitioned); use deepspeed.zero_stage=0, 1 or 2 (the base is 4 bits on every rank)")
+    if not 0 <= ds_opts.node_rank < ds_opts.nnodes:
+        raise ConfigError(f"deepspeed.node_rank={ds_opts.node_rank} must be in [0, deepspeed.nnodes={ds_opts.nnodes})")
+    world = ds_opts.nproc_per_node * ds_opts.nnodes
+    per_step = train.micro_batch_per_device * world
+    if train.batch_size % per_step:
         raise ConfigError(
-            f"train.batch_size={t.batch_size} is not a multiple of train.micro_batch_per_device x ranks "
-            f"= {t.micro_batch_per_device} x {world}; change one of them")
-    if e.nnodes > 1 and e.master_port == 0:
-        raise ConfigError("engine.master_port=0 cannot be used with engine.nnodes>1; set the same port on every node")
+            f"train.batch_size={train.batch_size} is not a multiple of train.micro_batch_per_device x ranks "
+            f"= {train.micro_batch_per_device} x {world}; change one of them")
+    if ds_opts.nnodes > 1 and ds_opts.master_port == 0:
+        raise ConfigError("deepspeed.master_port=0 cannot be used with deepspeed.nnodes>1; set the same port on "
+                          "every node")
     bad_k = [k for k in cfg.eval.k if k > cfg.eval.samples or k < 1]
     if bad_k:
         raise ConfigError(f"eval.k={list(cfg.eval.k)} has values outside [1, eval.samples={cfg.eval.samples}]")
@@ -96,43 +98,43 @@ def _in_range(key: str, value: float, low: float | None, high: float | None = No
 
 def validate_numbers(cfg) -> None:
     """The numbers a user can get wrong, checked before anything starts (each with its allowed range)."""
-    t, r, ev = cfg.train, cfg.rollout, cfg.eval
-    _in_range("train.lr", t.lr, 0.0)
-    _in_range("train.weight_decay", t.weight_decay, 0.0)
-    _in_range("train.warmup_steps", t.warmup_steps, 0)
-    _in_range("train.grad_clip", t.grad_clip, 0.0, why="0: no clipping")
+    train, rollout, ev = cfg.train, cfg.rollout, cfg.eval
+    _in_range("train.lr", train.lr, 0.0)
+    _in_range("train.weight_decay", train.weight_decay, 0.0)
+    _in_range("train.warmup_steps", train.warmup_steps, 0)
+    _in_range("train.grad_clip", train.grad_clip, 0.0, why="0: no clipping")
     samples = algo_spec(cfg.algo).samples if cfg.algo is not None else False
     if samples:  # stages that sample from the policy
-        _in_range("rollout.temperature", r.temperature, 0.0, open_low=True,
+        _in_range("rollout.temperature", rollout.temperature, 0.0, open_low=True,
                   why="training samples come from the policy's distribution; greedy decoding is what eval reports")
-        _in_range("rollout.top_p", r.top_p, 0.0, 1.0, open_low=True)
-        _in_range("rollout.top_k", r.top_k, 0, why="0: off")
-        _in_range("rollout.max_new_tokens", r.max_new_tokens, 1)
+        _in_range("rollout.top_p", rollout.top_p, 0.0, 1.0, open_low=True)
+        _in_range("rollout.top_k", rollout.top_k, 0, why="0: off")
+        _in_range("rollout.max_new_tokens", rollout.max_new_tokens, 1)
     _in_range("eval.temperature", ev.temperature, 0.0, open_low=True,
               why="the sampled metrics (pass@k, maj@k) need samples; greedy accuracy is always reported")
     _in_range("eval.top_p", ev.top_p, 0.0, 1.0, open_low=True)
     _in_range("eval.max_new_tokens", ev.max_new_tokens, 1)
     if algo_spec(cfg.algo).rl if cfg.algo is not None else False:
-        a = cfg.algo
-        _in_range("algo.clip_eps_low", a.clip_eps_low, 0.0, open_low=True)
-        _in_range("algo.clip_eps_high", a.clip_eps_high, 0.0, open_low=True)
+        algo = cfg.algo
+        _in_range("algo.clip_eps_low", algo.clip_eps_low, 0.0, open_low=True)
+        _in_range("algo.clip_eps_high", algo.clip_eps_high, 0.0, open_low=True)
         if trains_critic(cfg):
             _in_range("critic.lr", cfg.critic.lr, 0.0)
 
 
-def validate_rollout(r) -> None:
+def validate_rollout(rollout) -> None:
     from rlft.algos import IS_CORRECTIONS
     from rlft.rollout.sampling import ENGINES
 
-    _check_choice("rollout.engine", r.engine, list(ENGINES))
-    _check_choice("rollout.is_correction", r.is_correction, ["auto"] + IS_CORRECTIONS.names())
-    if r.is_cap <= 1.0:
-        raise ConfigError(f"rollout.is_cap={r.is_cap} must be above 1 (weights are capped or masked past it)")
-    _check_choice("rollout.vllm.sleep_level", r.vllm.sleep_level, [1, 2])
-    if r.vllm.tensor_parallel_size < 1 or not 0 < r.vllm.gpu_memory_utilization <= 1:
+    _check_choice("rollout.engine", rollout.engine, list(ENGINES))
+    _check_choice("rollout.is_correction", rollout.is_correction, ["auto"] + IS_CORRECTIONS.names())
+    if rollout.is_cap <= 1.0:
+        raise ConfigError(f"rollout.is_cap={rollout.is_cap} must be above 1 (weights are capped or masked past it)")
+    _check_choice("rollout.vllm.sleep_level", rollout.vllm.sleep_level, [1, 2])
+    if rollout.vllm.tensor_parallel_size < 1 or not 0 < rollout.vllm.gpu_memory_utilization <= 1:
         raise ConfigError("rollout.vllm.tensor_parallel_size must be >= 1 and rollout.vllm.gpu_memory_utilization "
                           "in (0, 1]")
-    if r.max_new_tokens < 0 or r.batch_size < 1:
+    if rollout.max_new_tokens < 0 or rollout.batch_size < 1:
         raise ConfigError("rollout.max_new_tokens must be >= 0 and rollout.batch_size >= 1")
 
 
@@ -148,7 +150,8 @@ def _iterative(cfg) -> bool:
 def _process_advantage(cfg) -> bool:
     from rlft.algos import ADVANTAGES
 
-    return algo_spec(cfg.algo).rl and _pairwise_loss(cfg) is None and ADVANTAGES.needs(cfg.algo.advantage, "step_scores")
+    return algo_spec(cfg.algo).rl and _pairwise_loss(cfg) is None and ADVANTAGES.needs(cfg.algo.advantage,
+                                                                                       "step_scores")
 
 
 def _critic_unread(cfg, key):
@@ -175,7 +178,8 @@ def _per_token_update_unread(cfg, key):
 
 def _process_advantage_unread(cfg, key):
     if not _process_advantage(cfg):
-        return "only process supervision (an algo.advantage that reads step scores: grpo_process|grpo_process_min) reads it"
+        return ("only process supervision (an algo.advantage that reads step scores: "
+                "grpo_process|grpo_process_min) reads it")
 
 
 def _iterative_unread(cfg, key):
@@ -253,35 +257,36 @@ def check_builtin_only(cfg) -> None:
 def validate_rl(cfg) -> None:
     from rlft.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES
 
-    a, r, world = cfg.algo, cfg.rollout, cfg.engine.nproc_per_node * cfg.engine.nnodes
-    if a.kl_coef < 0:
-        raise ConfigError(f"algo.kl_coef={a.kl_coef} must be >= 0")
+    algo, rollout, world = cfg.algo, cfg.rollout, cfg.deepspeed.nproc_per_node * cfg.deepspeed.nnodes
+    if algo.kl_coef < 0:
+        raise ConfigError(f"algo.kl_coef={algo.kl_coef} must be >= 0")
     for key, registry in [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
                           ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)]:
-        _check_choice(f"algo.{key}", getattr(a, key), registry.names())
-    if a.pairwise_loss is not None:
-        _check_choice("algo.pairwise_loss", a.pairwise_loss, PAIRWISE_LOSSES.names())
-        if not PAIRWISE_LOSSES.needs(a.pairwise_loss, "kl_coef") and a.kl_coef != 0:
-            raise ConfigError(f"algo.kl_coef={a.kl_coef} is set but never used: algo.pairwise_loss={a.pairwise_loss} "
-                              "does not read it (its KL strength is pairwise.beta); set 0")
-        if "beta" in PAIRWISE_LOSSES.meta(a.pairwise_loss).get("options", ()) and cfg.pairwise.beta <= 0:
-            raise ConfigError(f"pairwise.beta={cfg.pairwise.beta} must be > 0 (DPO's strength of the KL to the reference)")
-        if r.samples_per_prompt % 2 or cfg.train.micro_batch_per_device % 2:
+        _check_choice(f"algo.{key}", getattr(algo, key), registry.names())
+    if algo.pairwise_loss is not None:
+        _check_choice("algo.pairwise_loss", algo.pairwise_loss, PAIRWISE_LOSSES.names())
+        if not PAIRWISE_LOSSES.needs(algo.pairwise_loss, "kl_coef") and algo.kl_coef != 0:
+            raise ConfigError(f"algo.kl_coef={algo.kl_coef} is set but never used: algo.pairwise_loss="
+                              f"{algo.pairwise_loss} does not read it (its KL strength is pairwise.beta); set 0")
+        if "beta" in PAIRWISE_LOSSES.meta(algo.pairwise_loss).get("options", ()) and cfg.pairwise.beta <= 0:
+            raise ConfigError(f"pairwise.beta={cfg.pairwise.beta} must be > 0 (DPO's strength of the KL to the "
+                              "reference)")
+        if rollout.samples_per_prompt % 2 or cfg.train.micro_batch_per_device % 2:
             raise ConfigError(f"a pairwise loss pairs completions of one prompt: rollout.samples_per_prompt="
-                              f"{r.samples_per_prompt} and train.micro_batch_per_device="
+                              f"{rollout.samples_per_prompt} and train.micro_batch_per_device="
                               f"{cfg.train.micro_batch_per_device} must both be even")
-    elif a.kl_in == "reward" and a.kl_coef > 0 and not ADVANTAGES.needs(a.advantage, "kl_reward"):
-        raise ConfigError(f"algo.kl_in=reward, but algo.advantage={a.advantage} puts no KL into its rewards; set "
+    elif algo.kl_in == "reward" and algo.kl_coef > 0 and not ADVANTAGES.needs(algo.advantage, "kl_reward"):
+        raise ConfigError(f"algo.kl_in=reward, but algo.advantage={algo.advantage} puts no KL into its rewards; set "
                           f"algo.advantage={'|'.join(ADVANTAGES.names_needing('kl_reward'))} or algo.kl_in=loss")
-    elif r.samples_per_prompt < 2 and ADVANTAGES.needs(a.advantage, "groups"):
-        raise ConfigError(f"rollout.samples_per_prompt={r.samples_per_prompt}: group-relative advantages "
-                          f"(algo.advantage={a.advantage}) need groups of at least 2 completions")
-    shards = a.minibatches_per_rollout * world
-    if r.prompts_per_step % shards:
-        raise ConfigError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by "
-                          f"algo.minibatches_per_rollout x ranks = {a.minibatches_per_rollout} x {world}")
+    elif rollout.samples_per_prompt < 2 and ADVANTAGES.needs(algo.advantage, "groups"):
+        raise ConfigError(f"rollout.samples_per_prompt={rollout.samples_per_prompt}: group-relative advantages "
+                          f"(algo.advantage={algo.advantage}) need groups of at least 2 completions")
+    shards = algo.minibatches_per_rollout * world
+    if rollout.prompts_per_step % shards:
+        raise ConfigError(f"rollout.prompts_per_step={rollout.prompts_per_step} must be divisible by "
+                          f"algo.minibatches_per_rollout x ranks = {algo.minibatches_per_rollout} x {world}")
     iterations = cfg.iterative.iterations
-    per_iteration = a.updates_per_rollout * a.minibatches_per_rollout * iterations
+    per_iteration = algo.updates_per_rollout * algo.minibatches_per_rollout * iterations
     if iterations < 1 or cfg.train.max_steps % per_iteration:
         raise ConfigError(
             f"train.max_steps={cfg.train.max_steps} must be a multiple of algo.updates_per_rollout x "

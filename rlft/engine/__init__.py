@@ -51,40 +51,40 @@ def last_step_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> float:
 
 
 def bucket_elements(cfg, hidden_size: int | None) -> int:
-    """ZeRO's communication bucket size in elements: engine.bucket_elements, else hidden_size² (at least
+    """ZeRO's communication bucket size in elements: deepspeed.bucket_elements, else hidden_size² (at least
     2^20; transformers' 'auto'), so the reduce buffer of a small model is small and of a large one is few
     collectives. See docs/performance.md (memory)."""
-    if cfg.engine.bucket_elements:
-        return int(cfg.engine.bucket_elements)
+    if cfg.deepspeed.bucket_elements:
+        return int(cfg.deepspeed.bucket_elements)
     return max(int(hidden_size or 0) ** 2, 2**20)
 
 
 def deepspeed_config(cfg, trainable: bool = True, hidden_size: int | None = None) -> dict:
-    t, e = cfg.train, cfg.engine
+    train, ds_opts = cfg.train, cfg.deepspeed
     ds = {
-        "train_batch_size": t.batch_size,
-        "train_micro_batch_size_per_gpu": t.micro_batch_per_device,
+        "train_batch_size": train.batch_size,
+        "train_micro_batch_size_per_gpu": train.micro_batch_per_device,
         "gradient_accumulation_steps": grad_accum_steps(cfg),
-        "gradient_clipping": float(t.grad_clip),
-        "zero_optimization": {"stage": e.zero_stage},
-        "bf16": {"enabled": e.precision == "bf16"},
+        "gradient_clipping": float(train.grad_clip),
+        "zero_optimization": {"stage": ds_opts.zero_stage},
+        "bf16": {"enabled": ds_opts.precision == "bf16"},
         "fp16": {"enabled": False},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    if e.offload_optimizer and e.zero_stage > 0:
+    if ds_opts.offload_optimizer and ds_opts.zero_stage > 0:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     bucket = bucket_elements(cfg, hidden_size)
-    if e.zero_stage >= 2:
+    if ds_opts.zero_stage >= 2:
         ds["zero_optimization"].update(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
-    if e.zero_stage == 3:
+    if ds_opts.zero_stage == 3:
         ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
-        if e.zero3_sub_group_elements:
-            ds["zero_optimization"]["sub_group_size"] = int(e.zero3_sub_group_elements)
-        if e.zero3_live_parameters:
-            ds["zero_optimization"].update(stage3_max_live_parameters=int(e.zero3_live_parameters),
-                                           stage3_max_reuse_distance=int(e.zero3_live_parameters))
+        if ds_opts.zero3_sub_group_elements:
+            ds["zero_optimization"]["sub_group_size"] = int(ds_opts.zero3_sub_group_elements)
+        if ds_opts.zero3_live_parameters:
+            ds["zero_optimization"].update(stage3_max_live_parameters=int(ds_opts.zero3_live_parameters),
+                                           stage3_max_reuse_distance=int(ds_opts.zero3_live_parameters))
     if not trainable:
         ds.pop("gradient_clipping")
     return ds
@@ -112,17 +112,18 @@ class Engine:
         self.trainable = trainable
         if trainable and lora.enabled(cfg.model):
             model = lora.add_adapter(model, cfg.model.lora)
-        if cfg.engine.activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+        if cfg.deepspeed.activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()
         ds_cfg = deepspeed_config(cfg, trainable, getattr(getattr(model, "config", None), "hidden_size", None))
         if trainable:
-            t = cfg.train
+            train = cfg.train
             params = [p for p in model.parameters() if p.requires_grad]
-            optimizer = make_optimizer(params, t, offload=cfg.engine.offload_optimizer and cfg.engine.zero_stage > 0)
-            scheduler = make_scheduler(optimizer, t)
+            optimizer = make_optimizer(params, train,
+                                       offload=cfg.deepspeed.offload_optimizer and cfg.deepspeed.zero_stage > 0)
+            scheduler = make_scheduler(optimizer, train)
             self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
-        elif cfg.engine.zero_stage == 3:
+        elif cfg.deepspeed.zero_stage == 3:
             # a frozen model under ZeRO-3 is partitioned like the policy (e.g. the reference)
             model.requires_grad_(False)
             self.ds, *_ = deepspeed.initialize(model=model, config=ds_cfg)
@@ -130,7 +131,7 @@ class Engine:
         else:
             # stages 0-2 shard only training state: a frozen model is a plain replicated module
             model.requires_grad_(False)
-            dtype = torch.bfloat16 if cfg.engine.precision == "bf16" else None
+            dtype = torch.bfloat16 if cfg.deepspeed.precision == "bf16" else None
             self.ds = model.to(device=self.info.device, dtype=dtype)
             self.optimizer = self.scheduler = None
         self.ds.train(trainable)
@@ -180,15 +181,15 @@ class Engine:
         when every micro-batch of the step was dropped, or after train.max_nonfinite_steps such steps in
         a row; else report the dropped ones. (A non-finite gradient from finite losses shows as
         non-finite weights, which are never saved: see save_checkpoint and export_hf.)"""
-        t, step = self.cfg.train, self.global_step + 1
+        train, step = self.cfg.train, self.global_step + 1
         dropped, used = self.dropped_micro_batches, self.backwards_in_step
         self.dropped_micro_batches = self.backwards_in_step = 0
         if not dropped:
             self.nonfinite_steps_in_a_row = 0
             return
         self.nonfinite_steps_in_a_row += 1
-        if t.on_nonfinite == "stop" or not used or self.nonfinite_steps_in_a_row > t.max_nonfinite_steps:
-            why = ("" if t.on_nonfinite == "stop" else
+        if train.on_nonfinite == "stop" or not used or self.nonfinite_steps_in_a_row > train.max_nonfinite_steps:
+            why = ("" if train.on_nonfinite == "stop" else
                    " (every micro-batch of the step)" if not used else f" ({self.nonfinite_steps_in_a_row} steps in a row)")
             raise NonFiniteError(f"non-finite loss (NaN or inf) at optimizer step {step}: {dropped} micro-batch(es)"
                                  f"{why}; stopped before the update and nothing of this step saved (resume=true restarts "
@@ -225,7 +226,7 @@ class Engine:
 
         Generation runs many forwards; gathering once per phase avoids one all-gather per
         layer per token."""
-        if self.cfg.engine.zero_stage != 3:
+        if self.cfg.deepspeed.zero_stage != 3:
             yield self.module
             return
         import deepspeed
@@ -243,7 +244,7 @@ class Engine:
         yield from lora.merged_weights(self.module, named) if self.has_adapter else named
 
     def _named_weights(self):
-        if self.cfg.engine.zero_stage != 3:
+        if self.cfg.deepspeed.zero_stage != 3:
             for name, p in self.module.named_parameters(remove_duplicate=False):
                 yield name, lora.plain_weight(p).detach()  # a 4-bit (QLoRA) base dequantized
             return
@@ -259,7 +260,7 @@ class Engine:
         Adam's two fp32 moments (and bf16 copies); a LoRA run's checkpoints hold only what trains."""
         params = [p for p in self.module.parameters() if p.requires_grad or not self.has_adapter]
         numel = sum(getattr(p, "ds_numel", p.numel()) for p in params)
-        return numel * ((4 + 8 + (2 if self.cfg.engine.precision == "bf16" else 0)) if self.trainable else 4)
+        return numel * ((4 + 8 + (2 if self.cfg.deepspeed.precision == "bf16" else 0)) if self.trainable else 4)
 
     def weights_finite(self) -> bool:
         """Whether every weight on every rank is finite (collective; each rank checks its own shard)."""
@@ -333,7 +334,7 @@ class Engine:
     def full_state_dict(self) -> dict | None:
         """The complete weights on rank 0 (None on other ranks), with a LoRA adapter's tensors as they are;
         collective under ZeRO-3."""
-        if self.cfg.engine.zero_stage == 3:
+        if self.cfg.deepspeed.zero_stage == 3:
             return self.ds._zero3_consolidated_16bit_state_dict()
         if not self.info.is_main:
             return None

@@ -44,7 +44,7 @@ def pick_device(requested: str) -> torch.device:
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError("engine.device=cuda but no CUDA device is visible; use engine.device=cpu")
+        raise RuntimeError("deepspeed.device=cuda but no CUDA device is visible; use deepspeed.device=cpu")
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
 
 

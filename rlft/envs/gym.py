@@ -59,14 +59,14 @@ class ReasoningGymEnv(Environment):
             raise RuntimeError(f"env=reasoning_gym needs the reasoning-gym package ({err}); "
                                "pip install reasoning-gym") from None
         self.rg = reasoning_gym
-        e = cfg.env
-        self.weights = task_weights(e)
+        env_cfg = cfg.env
+        self.weights = task_weights(env_cfg)
         unknown = [t for t in self.weights if t not in reasoning_gym.factory.DATASETS]
         if unknown:
             raise ValueError(f"env.task: unknown reasoning-gym task {unknown[0]!r}; e.g. "
                              f"{', '.join(sorted(reasoning_gym.factory.DATASETS)[:12])}, ... "
                              f"({len(reasoning_gym.factory.DATASETS)} tasks)")
-        self.instruction = str(e.instruction or "")
+        self.instruction = str(env_cfg.instruction or "")
         self.datasets: dict[tuple[str, str], object] = {}
         self.entries: dict[tuple[str, str], list[dict]] = {}  # generated once: the scorer reads them
         self._rows: dict[str, list[dict]] = {}
@@ -89,7 +89,8 @@ class ReasoningGymEnv(Environment):
             entries = self.entries.setdefault((task, split), [data[i] for i in range(size)])
             for i, entry in enumerate(entries):
                 prompt = entry["question"] + (f"\n{self.instruction}" if self.instruction else "")
-                rows.append({"prompt": prompt, "answer": str(entry["answer"]), "task": task, "_entry": [task, split, i]})
+                rows.append({"prompt": prompt, "answer": str(entry["answer"]), "task": task,
+                             "_entry": [task, split, i]})
         if len(self.weights) > 1:
             random.Random(int(self.cfg.env.seed) + SPLIT_SEEDS[split]).shuffle(rows)
         return rows

@@ -83,13 +83,14 @@ class PythonEnv(MathEnv):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        e = cfg.env
-        self.limits = sandbox.Limits(timeout_s=float(e.timeout_s), cpu_s=int(e.cpu_s), memory_mb=int(e.memory_mb))
-        self.max_output_chars = int(e.max_output_chars)
-        self.tool_format = str(e.tool_format)
+        env_cfg = cfg.env
+        self.limits = sandbox.Limits(timeout_s=float(env_cfg.timeout_s), cpu_s=int(env_cfg.cpu_s),
+                                     memory_mb=int(env_cfg.memory_mb))
+        self.max_output_chars = int(env_cfg.max_output_chars)
+        self.tool_format = str(env_cfg.tool_format)
         if self.tool_format not in TOOL_FORMATS:
             raise ConfigError(f"env.tool_format={self.tool_format}: expected one of {', '.join(TOOL_FORMATS)}")
-        instruction = str(e.instruction or "")
+        instruction = str(env_cfg.instruction or "")
         self.instruction = INSTRUCTIONS[self.tool_format] if instruction == "auto" else instruction
         self.calls = None  # the tokenizer's tool-call format (env.tool_format=chat), set by use_tokenizer
         if self.tool_format == "chat":

@@ -105,20 +105,21 @@ def eval_prompts(cfg, tokenizer, problems: list[dict], model) -> list[list[int]]
 def evaluate_model(engine, model, tokenizer, cfg, problems: list[dict], env) -> dict:
     """Greedy and sampled trajectories for every problem (through the rollout `engine` and the
     environment), then the metrics."""
-    e = cfg.eval
+    eval_cfg = cfg.eval
     prompts = eval_prompts(cfg, tokenizer, problems, model)
     limits = episodes.limits(cfg, env, tokenizer)
-    torch.manual_seed(e.seed)
+    torch.manual_seed(eval_cfg.seed)
     tic = time.time()
-    greedy = episodes.sample(engine, env, problems, prompts, 1, Sampling(e.max_new_tokens, False), e.seed, tokenizer,
-                             limits)
-    sampled = episodes.sample(engine, env, problems, prompts, e.samples,
-                              Sampling(e.max_new_tokens, True, e.temperature, e.top_p, 0), e.seed + 1, tokenizer, limits)
+    greedy_sampling = Sampling(eval_cfg.max_new_tokens, False)
+    sampling = Sampling(eval_cfg.max_new_tokens, True, eval_cfg.temperature, eval_cfg.top_p, 0)
+    greedy = episodes.sample(engine, env, problems, prompts, 1, greedy_sampling, eval_cfg.seed, tokenizer, limits)
+    sampled = episodes.sample(engine, env, problems, prompts, eval_cfg.samples, sampling, eval_cfg.seed + 1,
+                              tokenizer, limits)
     seconds = time.time() - tic
-    grouped = [sampled.texts[i * e.samples:(i + 1) * e.samples] for i in range(len(problems))]
+    grouped = [sampled.texts[i * eval_cfg.samples:(i + 1) * eval_cfg.samples] for i in range(len(problems))]
     verdicts = (env.scores(problems, greedy.texts), [env.scores([p] * len(texts), texts)
                                                      for p, texts in zip(problems, grouped)])
-    metrics = score_problems(*verdicts, list(e.k))
+    metrics = score_problems(*verdicts, list(eval_cfg.k))
     lengths = [sum(w) for w in sampled.token_mask] if sampled.token_mask is not None else \
         [len(c) for c in sampled.completion_ids]
     metrics.update(
@@ -161,9 +162,10 @@ def policy_sample_metrics(engine, model, tokenizer, cfg, problems: list[dict], p
                           device: torch.device, reference: str | None, rm: str | None, env) -> dict:
     """Reward sources, RM score and KL to the reference on eval.policy_samples completions per problem
     drawn at temperature 1 (through the rollout `engine`; the KL's log-probs from `model`)."""
-    e = cfg.eval
-    gens = episodes.sample(engine, env, problems, prompts, e.policy_samples, Sampling(e.max_new_tokens, True, 1.0, 1.0, 0),
-                           e.seed + 2, tokenizer, episodes.limits(cfg, env, tokenizer))
+    eval_cfg = cfg.eval
+    policy_sampling = Sampling(eval_cfg.max_new_tokens, True, 1.0, 1.0, 0)  # the policy's own distribution
+    gens = episodes.sample(engine, env, problems, prompts, eval_cfg.policy_samples, policy_sampling,
+                           eval_cfg.seed + 2, tokenizer, episodes.limits(cfg, env, tokenizer))
     rows = [problems[i] for i in gens.prompt_index]
     prompt_texts = [tokenizer.decode(prompts[i]) for i in gens.prompt_index]
     out: dict = {"policy_samples": len(gens.texts)}
@@ -182,8 +184,8 @@ def policy_sample_metrics(engine, model, tokenizer, cfg, problems: list[dict], p
         ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
         ref_model = load_model(cfg.model, reference, load_tokenizer(cfg.model, reference), head="causal_lm")
         ref_model = ref_model.to(device).eval()
-        logp = batched_token_logp(model, ids, attn, e.batch_size)
-        ref_logp = batched_token_logp(ref_model, ids, attn, e.batch_size)
+        logp = batched_token_logp(model, ids, attn, eval_cfg.batch_size)
+        ref_logp = batched_token_logp(ref_model, ids, attn, eval_cfg.batch_size)
         kl = sequence_kl(logp, ref_logp, mask)
         out["kl_to_ref"] = float(kl.mean())
         out["kl_to_ref_per_token"] = float(kl.sum() / mask.sum().clamp(min=1))
@@ -194,7 +196,7 @@ def eval_one(cfg, model_ref: str) -> dict:
     """Evaluate one checkpoint; writes eval.json and samples.jsonl under runs/<name>/eval/<tag>/."""
     cfg = _with_model(cfg, model_ref)
     path = eval_model_path(cfg)
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.engine.device != "cpu" else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.deepspeed.device != "cpu" else "cpu")
     tokenizer = load_tokenizer(cfg.model, path)
     model = load_model(cfg.model, path, tokenizer, head="causal_lm", seed=cfg.seed).to(device).eval()
     env = envs.build(cfg, tokenizer)
@@ -204,30 +206,31 @@ def eval_one(cfg, model_ref: str) -> dict:
     env.check_rows(problems, f"{cfg.data.source} [test]")
     if cfg.eval.num_problems:
         problems = problems[:cfg.eval.num_problems]
-    e = cfg.eval
-    reference = optional_model(cfg, e.reference, path) if e.policy_samples else None
-    rm = optional_model(cfg, "auto:rm" if e.rm == "auto" else e.rm, path) if e.policy_samples else None
-    print(f"[rlft] eval {model_ref}: {len(problems)} problems, greedy + {e.samples} samples at temperature "
-          f"{e.temperature}" + (f" + {e.policy_samples} at temperature 1" if e.policy_samples else "")
+    eval_cfg = cfg.eval
+    reference = optional_model(cfg, eval_cfg.reference, path) if eval_cfg.policy_samples else None
+    rm_ref = "auto:rm" if eval_cfg.rm == "auto" else eval_cfg.rm
+    rm = optional_model(cfg, rm_ref, path) if eval_cfg.policy_samples else None
+    print(f"[rlft] eval {model_ref}: {len(problems)} problems, greedy + {eval_cfg.samples} samples at temperature "
+          f"{eval_cfg.temperature}" + (f" + {eval_cfg.policy_samples} at temperature 1" if eval_cfg.policy_samples else "")
           + (f"; KL to {reference}" if reference else "") + (f"; RM {rm}" if rm else ""), flush=True)
-    engine, why = build_engine(cfg, Frozen(model), tokenizer, device, seed=e.seed)
+    engine, why = build_engine(cfg, Frozen(model), tokenizer, device, seed=eval_cfg.seed)
     try:
         engine.sync_weights(0)  # started outside the timing below
         print(f"[rlft] rollout engine: {why}", flush=True)
         metrics, greedy, grouped, verdicts = evaluate_model(engine, model, tokenizer, cfg, problems, env)
-        if e.policy_samples:
+        if eval_cfg.policy_samples:
             prompts = eval_prompts(cfg, tokenizer, problems, model)
-            torch.manual_seed(e.seed + 1)
+            torch.manual_seed(eval_cfg.seed + 1)
             metrics.update(policy_sample_metrics(engine, model, tokenizer, cfg, problems, prompts, device, reference,
                                                  rm, env))
     finally:  # the next checkpoint of eval.models starts its own engine in this process
         engine.close()
     out_dir = output_dir(cfg, model_ref)
     record = {"model": model_ref, "resolved_path": path, "data": cfg.data.source, "env": str(cfg.env.name),
-              "metrics": metrics,
-              "reference": reference, "rm": rm,
-              "settings": {"samples": e.samples, "k": list(e.k), "temperature": e.temperature, "top_p": e.top_p,
-                           "max_new_tokens": e.max_new_tokens, "policy_samples": e.policy_samples,
+              "metrics": metrics, "reference": reference, "rm": rm,
+              "settings": {"samples": eval_cfg.samples, "k": list(eval_cfg.k), "temperature": eval_cfg.temperature,
+                           "top_p": eval_cfg.top_p, "max_new_tokens": eval_cfg.max_new_tokens,
+                           "policy_samples": eval_cfg.policy_samples,
                            "reward_functions": list(cfg.reward.functions)}}
     handoff.write_json_atomic(out_dir / "eval.json", record)
     handoff.write_jsonl_atomic(out_dir / "samples.jsonl",

@@ -63,35 +63,35 @@ class VLLMEngine:
         engine_env()
         from vllm import LLM
 
-        v = cfg.rollout.vllm
+        vllm_opts = cfg.rollout.vllm
         self.source, self.tokenizer, self.device, self.cfg = source, tokenizer, device, cfg
         self.version: int | None = None
         self.asleep: set[str] = set()  # what sleep mode has released: weights, kv_cache
-        self.can_sleep = bool(v.sleep) and device.type == "cuda"
-        self.tp = int(v.tensor_parallel_size)
+        self.can_sleep = bool(vllm_opts.sleep) and device.type == "cuda"
+        self.tp = int(vllm_opts.tensor_parallel_size)
         self.tp_group = tensor_parallel_group(self.tp)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         model = source.module
         self.model_dir = tempfile.TemporaryDirectory(prefix="rlft-vllm-")
         write_model_dir(model, tokenizer, Path(self.model_dir.name))
-        max_len = int(v.max_model_len) or min(
+        max_len = int(vllm_opts.max_model_len) or min(
             int(getattr(model.config, "max_position_embeddings", 4096)),
             cfg.train.max_seq_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens))
-        kwargs = dict(model=self.model_dir.name, dtype="bfloat16" if cfg.engine.precision == "bf16" else "float32",
+        kwargs = dict(model=self.model_dir.name, dtype="bfloat16" if cfg.deepspeed.precision == "bf16" else "float32",
                       load_format="dummy", seed=int(seed) * 1000 + rank // self.tp, max_model_len=max_len,
-                      enable_prefix_caching=bool(v.prefix_caching), logprobs_mode="processed_logprobs",
+                      enable_prefix_caching=bool(vllm_opts.prefix_caching), logprobs_mode="processed_logprobs",
                       generation_config="vllm", tensor_parallel_size=self.tp,
-                      enforce_eager=bool(v.enforce_eager) or device.type != "cuda",
+                      enforce_eager=bool(vllm_opts.enforce_eager) or device.type != "cuda",
                       trust_remote_code=cfg.model.trust_remote_code)
         if torch.distributed.is_initialized():
             kwargs["distributed_executor_backend"] = "external_launcher"
         if device.type == "cuda":
-            kwargs["gpu_memory_utilization"] = float(v.gpu_memory_utilization)
+            kwargs["gpu_memory_utilization"] = float(vllm_opts.gpu_memory_utilization)
             kwargs["enable_sleep_mode"] = self.can_sleep
         else:  # a seeded request whose prompt is prefilled in chunks fails on CPU (no generator offsets)
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_len, 8192))
-        if v.kv_cache_gib > 0 or device.type != "cuda":
-            kwargs["kv_cache_memory_bytes"] = int((v.kv_cache_gib or 0.25) * 2**30)
+        if vllm_opts.kv_cache_gib > 0 or device.type != "cuda":
+            kwargs["kv_cache_memory_bytes"] = int((vllm_opts.kv_cache_gib or 0.25) * 2**30)
         set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         tic = time.time()
         shm_before = shm_segments()
@@ -123,10 +123,10 @@ class VLLMEngine:
             self.model_dir.cleanup()
 
     def describe(self) -> str:
-        v = self.cfg.rollout.vllm
+        vllm_opts = self.cfg.rollout.vllm
         parts = [f"vllm (colocated, {'GPU' if self.device.type == 'cuda' else 'CPU'}",
                  f"tensor parallel {self.tp}" if self.tp > 1 else "",
-                 "sleep mode" if self.can_sleep else "", "prefix caching" if v.prefix_caching else "",
+                 "sleep mode" if self.can_sleep else "", "prefix caching" if vllm_opts.prefix_caching else "",
                  f"started in {self.start_seconds:.1f} s"]
         return ", ".join(p for p in parts if p) + ")"
 

@@ -19,6 +19,7 @@ import torch
 
 from rlft import handoff, microbatch, signals
 from rlft.config.arithmetic import samples_per_step
+from rlft.config.schema import RENAMED_SECTIONS
 from rlft.engine import CHECKPOINT_CONFIG, Engine, dist, list_checkpoints
 from rlft.engine.integrity import damage
 from rlft.errors import Interrupted, StageError
@@ -139,10 +140,11 @@ def resume_state(ctx: StageContext, engine: Engine, companions: dict | None = No
 
 
 # Keys that do not change what is trained: free to differ on resume (max_steps may grow to extend a run).
-RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.max_samples", "train.log_every", "train.save_every",
+RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.max_samples",
+               "train.log_every", "train.save_every",
                "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite_steps", "train.save_on_signal",
-               "logger", "eval", "run.objective", "run.dir", "engine.threads_per_rank", "engine.master_addr",
-               "engine.master_port", "algo.eval_every", "algo.eval_problems", "rollout.vllm.gpu_memory_utilization",
+               "logger", "eval", "run.objective", "run.dir", "deepspeed.threads_per_rank", "deepspeed.master_addr",
+               "deepspeed.master_port", "algo.eval_every", "algo.eval_problems", "rollout.vllm.gpu_memory_utilization",
                "rollout.vllm.sleep", "rollout.vllm.sleep_level", "rollout.vllm.enforce_eager", "rollout.batch_size")
 
 
@@ -172,6 +174,7 @@ def check_resume_config(saved: dict | None, cfg, path: Path) -> None:
         dist.print0(f"[rlft] {path} records no config (older rlft): the resumed config is not compared")
         return
     now = OmegaConf.to_container(cfg, resolve=True)
+    saved = {RENAMED_SECTIONS.get(key, key): value for key, value in saved.items()}
     changed = config_changes(saved, now, RESUME_FREE)
     accepted = [c for c in changed if any(c.split(":")[0] == a or c.startswith(a + ".")
                                           for a in map(str, cfg.resume_allow_changes))]
@@ -261,39 +264,39 @@ def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn:
     pairs or steps), so every micro-batch loss is `sum / global count` and the update does
     not depend on micro-batch size or world size. loss_fn returns (loss, {name: (sum, count)})."""
     cfg, info = ctx.cfg, ctx.info
-    t = cfg.train
+    train = cfg.train
     start = maybe_resume(ctx, engine)
-    tracker = Tracker(ctx.run_dir, cfg, info.is_main, t.max_steps, start)
+    tracker = Tracker(ctx.run_dir, cfg, info.is_main, train.max_steps, start)
     last: dict = {}
     sums = Sums()
     step_time, steps_since_log = 0.0, 0
-    for step in range(start, t.max_steps):
+    for step in range(start, train.max_steps):
         tic = time.time()
-        optimizer_step(engine, examples, step_indices(step, t.batch_size, len(examples), cfg.seed), count_fn,
-                       loss_fn, t, sums)
+        optimizer_step(engine, examples, step_indices(step, train.batch_size, len(examples), cfg.seed), count_fn,
+                       loss_fn, train, sums)
         step_time += time.time() - tic
         steps_since_log += 1
         done = step + 1
         tracker.advance()
-        if done % t.log_every == 0 or done == t.max_steps:
+        if done % train.log_every == 0 or done == train.max_steps:
             last = sums.reduce()
             last.update(lr=engine.lr(), step_time_s=step_time / steps_since_log,
                         samples_seen=done * samples_per_step(cfg))
             if engine.grad_norm() is not None:
                 last["grad_norm"] = engine.grad_norm()
-            if evaluate is not None and eval_every and done % eval_every == 0 and done != t.max_steps:
+            if evaluate is not None and eval_every and done % eval_every == 0 and done != train.max_steps:
                 last.update(evaluate())
             tracker.log(done, last)
             sums, step_time, steps_since_log = Sums(), 0.0, 0
         save = lambda: engine.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": rng_state()},  # noqa: E731
-                                              t.keep_checkpoints)
-        if t.save_every and done % t.save_every == 0 and done != t.max_steps:
+                                              train.keep_checkpoints)
+        if train.save_every and done % train.save_every == 0 and done != train.max_steps:
             save()
         stop_if_signalled(ctx, done, save)
     if evaluate is not None:
         final_eval = evaluate()
         last.update(final_eval)
-        tracker.log(t.max_steps, final_eval)
+        tracker.log(train.max_steps, final_eval)
     tracker.close()
     return last
 
@@ -304,12 +307,12 @@ def stop_if_signalled(ctx: StageContext, done: int, save: Callable[[], Path]) ->
     why = signals.stop_requested()
     if not why:
         return
-    t = ctx.cfg.train
-    if done == t.max_steps:
+    train = ctx.cfg.train
+    if done == train.max_steps:
         return  # the stage is finishing anyway
     existing = ctx.ckpt_root / f"step-{done:07d}"
-    path = existing if existing.is_dir() else (save() if t.save_on_signal else None)
-    raise Interrupted(f"stopped by {why} after step {done}/{t.max_steps}; "
+    path = existing if existing.is_dir() else (save() if train.save_on_signal else None)
+    raise Interrupted(f"stopped by {why} after step {done}/{train.max_steps}; "
                               + (f"checkpoint {path}; continue with the same command and resume=true" if path else
                                  "no checkpoint written (train.save_on_signal=false)"))
 

@@ -75,14 +75,14 @@ def dpo_step_loss(engine: Engine, examples: list[dict], num_pairs_global: float,
 
 def run(cfg, ctx: common.StageContext) -> dict:
     common.prepare_run_dir(ctx)
-    a = cfg.algo
+    algo = cfg.algo
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     pad = tokenizer.pad_token_id
     common.seed_everything(cfg.seed)
     train, test, sampled = pairs(cfg, tokenizer, ctx.info.device)
     if not train:
-        raise common.StageError(f"dpo: no training pairs (from {a.source}); with algo.source=policy the sampled "
+        raise common.StageError(f"dpo: no training pairs (from {algo.source}); with algo.source=policy the sampled "
                                 "model needs both correct and incorrect samples of a question: raise "
                                 "rollout.samples_per_prompt or algo.num_prompts")
     model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True).to(ctx.info.device)
@@ -92,9 +92,9 @@ def run(cfg, ctx: common.StageContext) -> dict:
     model.train()
     dist.print0(f"dpo: {len(train)} training and {len(test)} held-out pairs; reference log-probs cached")
     engine = Engine(cfg, model)
-    loss_fn = lambda e, x, d: dpo_step_loss(e, x, d, pad, a, packed)  # noqa: E731
+    loss_fn = lambda e, x, d: dpo_step_loss(e, x, d, pad, algo, packed)  # noqa: E731
     evaluate = (lambda: common.held_out(engine, test, loss_fn, micro)) if test else None
-    summary = common.supervised_loop(ctx, engine, train, len, loss_fn, evaluate, a.eval_every)
+    summary = common.supervised_loop(ctx, engine, train, len, loss_fn, evaluate, algo.eval_every)
     summary.update(sampled, train_pairs=len(train))
     common.finish(ctx, engine, tokenizer, parent, summary)
     return summary
@@ -102,10 +102,10 @@ def run(cfg, ctx: common.StageContext) -> dict:
 
 def pairs(cfg, tokenizer, device) -> tuple[list[dict], list[dict], dict]:
     """(training pairs, held-out pairs, what was sampled): the data's pairs, or the sampled model's own."""
-    a = cfg.algo
-    if a.source == "policy":
-        train, train_info = policy_data.pair_examples(cfg, tokenizer, "train", a.num_prompts, device)
-        test, test_info = policy_data.pair_examples(cfg, tokenizer, "test", a.num_eval_pairs, device)
-        return train, test[:a.num_eval_pairs], train_info | test_info
+    algo = cfg.algo
+    if algo.source == "policy":
+        train, train_info = policy_data.pair_examples(cfg, tokenizer, "train", algo.num_prompts, device)
+        test, test_info = policy_data.pair_examples(cfg, tokenizer, "test", algo.num_eval_pairs, device)
+        return train, test[:algo.num_eval_pairs], train_info | test_info
     return (inputs.pair_examples(cfg, tokenizer, "train"),
-            inputs.pair_examples(cfg, tokenizer, "test")[:a.num_eval_pairs], {})
+            inputs.pair_examples(cfg, tokenizer, "test")[:algo.num_eval_pairs], {})

@@ -38,31 +38,31 @@ from rlft.stages import common, inputs
 PHASES = ("sample", "score", "logprobs", "values", "advantages")
 
 
-def advantage_config(a, critic, kl_coef: float) -> AdvantageConfig:
+def advantage_config(algo, critic, kl_coef: float) -> AdvantageConfig:
     """Estimator options (GAE's from the `critic` section); the KL goes into the reward only when
     algo.kl_in=reward (PPO)."""
-    return AdvantageConfig(eps_adv=a.eps_adv, std_unbiased=a.std_unbiased, scale_by_std=a.scale_by_std,
-                           rft_threshold=a.rft_threshold, outcome_weight=a.outcome_weight,
-                           kl_coef=kl_coef if a.kl_in == "reward" else 0.0,
-                           kl_estimator=a.kl_estimator, gamma=critic.gamma, lam=critic.lam,
+    return AdvantageConfig(eps_adv=algo.eps_adv, std_unbiased=algo.std_unbiased, scale_by_std=algo.scale_by_std,
+                           rft_threshold=algo.rft_threshold, outcome_weight=algo.outcome_weight,
+                           kl_coef=kl_coef if algo.kl_in == "reward" else 0.0,
+                           kl_estimator=algo.kl_estimator, gamma=critic.gamma, lam=critic.lam,
                            whiten_advantages=critic.whiten_advantages, reduce=dist.sum_over_ranks)
 
 
-def rollout_needs(a, has_reference: bool, correction: str) -> frozenset[str]:
+def rollout_needs(algo, has_reference: bool, correction: str) -> frozenset[str]:
     """The rollout extras (rlft.rollout.batch.EXTRAS) a run computes: the advantages and what its
     estimator declares (step scores, the critic's values and returns), or a pairwise loss's pair inputs;
     pi_old where the update reads the sampling-time log-probs (`reuses_rollout`) or the engine's are
     corrected (with the IS weights); the reference's log-probs when there is a reference."""
     needs = set()
-    if a.pairwise_loss is not None:
+    if algo.pairwise_loss is not None:
         needs |= {"pair_scores", "pair_s_ref", "delta"}
     else:
         needs.add("adv")
-        if ADVANTAGES.needs(a.advantage, "step_scores"):
+        if ADVANTAGES.needs(algo.advantage, "step_scores"):
             needs |= {"step_ends", "step_scores"}
-        if ADVANTAGES.needs(a.advantage, "critic"):
+        if ADVANTAGES.needs(algo.advantage, "critic"):
             needs |= {"values", "returns"}
-    if reuses_rollout(a) or correction != "none":
+    if reuses_rollout(algo) or correction != "none":
         needs.add("old_logp")
     if correction != "none":
         needs.add("is_weight")
@@ -71,11 +71,11 @@ def rollout_needs(a, has_reference: bool, correction: str) -> frozenset[str]:
     return frozenset(needs)
 
 
-def reuses_rollout(a) -> bool:
+def reuses_rollout(algo) -> bool:
     """Whether the update reads the policy's log-probs at sampling time (pi_old): several passes or
     minibatches over one rollout, the KL in the reward, or a pairwise loss's ratios."""
-    return (a.updates_per_rollout > 1 or a.minibatches_per_rollout > 1 or a.kl_in == "reward"
-            or a.pairwise_loss is not None)
+    return (algo.updates_per_rollout > 1 or algo.minibatches_per_rollout > 1 or algo.kl_in == "reward"
+            or algo.pairwise_loss is not None)
 
 
 @torch.no_grad()
@@ -116,8 +116,8 @@ def batched_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor
 def is_correction(cfg, sampler) -> str:
     """The engine-mismatch correction `rollout.is_correction` names; auto: tis for vLLM, whose log-probs
     differ from the trainer's, none for the trainer's own forward (hf)."""
-    r = cfg.rollout
-    return r.is_correction if r.is_correction != "auto" else ("tis" if sampler.name == "vllm" else "none")
+    rollout = cfg.rollout
+    return rollout.is_correction if rollout.is_correction != "auto" else ("tis" if sampler.name == "vllm" else "none")
 
 
 def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int) -> list[int]:
@@ -152,8 +152,8 @@ class Experience:
         self.sampler, self.env, self.rewards = sampler, env, rewards
         self.reference, self.critic, self.step_scorer = reference, critic, step_scorer
         self.is_correction = is_correction
-        r = cfg.rollout
-        self.sampling = Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
+        rollout = cfg.rollout
+        self.sampling = Sampling(rollout.max_new_tokens, True, rollout.temperature, rollout.top_p, rollout.top_k)
         self.train_rows = env.rows("train") if env is not None else []
         self.test_rows = env.rows("test")[:cfg.algo.eval_problems] if env is not None else []
         self.samples_drawn = 0  # completions this rank sampled for training (dynamic sampling's extra rounds too)
@@ -169,9 +169,9 @@ class Experience:
             step_scorer = ExactSteps(env) if cfg.reward.process == "exact" else \
                 (rewards.models.get("prm") or RewardSet.load_model(cfg, "prm", info.device))
         sampler, why = build_engine(cfg, policy, tokenizer, info.device, seed=cfg.seed)
-        r, correction = cfg.rollout, is_correction(cfg, sampler)
+        rollout, correction = cfg.rollout, is_correction(cfg, sampler)
         dist.print0(f"[rlft] rollout engine: {why}; importance-sampling correction: {correction}"
-                    + (f" ({r.is_level}, C={r.is_cap})" if correction != "none" else ""))
+                    + (f" ({rollout.is_level}, C={rollout.is_cap})" if correction != "none" else ""))
         return cls(cfg, info, tokenizer, policy, sampler=sampler, env=env, rewards=rewards, reference=reference,
                    critic=critic, step_scorer=step_scorer, is_correction=correction)
 
@@ -241,11 +241,11 @@ class Experience:
     def score(self, ro: rb.Rollout) -> None:
         """Total reward and the truncation policy; step scores when the estimator needs them."""
         with self.timed("score"):
-            prompts = [r["prompt"] for r in ro.rows]
+            prompts = [row["prompt"] for row in ro.rows]
             total, ro.per_source = self.rewards(prompts, ro.prompt_texts, ro.completions, ro.rows)
-            r = self.cfg.reward
-            ro.scores, ro.mask = rb.apply_truncation_policy(total, ro.mask, ro.truncated, r.truncation_policy,
-                                                            r.truncation_penalty)
+            reward_cfg = self.cfg.reward
+            ro.scores, ro.mask = rb.apply_truncation_policy(total, ro.mask, ro.truncated, reward_cfg.truncation_policy,
+                                                            reward_cfg.truncation_penalty)
             if "step_scores" in self.needs:
                 probs, char_ends = self.step_scorer.steps(ro.prompt_texts, ro.completions, ro.rows)
                 ro.put(step_scores=probs, step_ends=[rb.step_columns(self.tokenizer, c, e, p) if e else []
@@ -253,11 +253,11 @@ class Experience:
 
     def rollout(self, rollout_index: int) -> rb.Rollout:
         """Sample and score this rank's prompts; dynamic sampling refills all-equal groups."""
-        r, info = self.cfg.rollout, self.info
-        G = r.samples_per_prompt
+        rollout_cfg, info = self.cfg.rollout, self.info
+        G = rollout_cfg.samples_per_prompt
 
         def rank_rows(seed_offset: int) -> list[dict]:
-            idx = common.step_indices(rollout_index, r.prompts_per_step, len(self.train_rows),
+            idx = common.step_indices(rollout_index, rollout_cfg.prompts_per_step, len(self.train_rows),
                                       self.cfg.seed + seed_offset)
             mine = minibatch_shard(idx, self.cfg.algo.minibatches_per_rollout, info.rank, info.world_size)
             return [self.train_rows[i] for i in mine]
@@ -267,8 +267,8 @@ class Experience:
 
         ro = self.sample(rank_rows(0), seed(0))
         self.score(ro)
-        if r.dynamic_sampling:
-            for round_ in range(1, r.max_sampling_rounds):
+        if rollout_cfg.dynamic_sampling:
+            for round_ in range(1, rollout_cfg.max_sampling_rounds):
                 keep = dynamic_sampling_keep_mask(ro.scores, G)
                 if bool(keep.all()):
                     break
@@ -286,17 +286,17 @@ class Experience:
         (None: all)."""
         keep, needs = None, self.needs
         with self.timed("logprobs"):
-            t, temperature = self.cfg.train, self.cfg.rollout.temperature
-            micro, budget = t.micro_batch_per_device, t.max_tokens_per_micro_batch
+            train, temperature = self.cfg.train, self.cfg.rollout.temperature
+            micro, budget = train.micro_batch_per_device, train.max_tokens_per_micro_batch
             if "old_logp" in needs:
-                ro.put(old_logp=rollout_logp(self.policy, ro, micro, temperature, t.packing, budget))
+                ro.put(old_logp=rollout_logp(self.policy, ro, micro, temperature, train.packing, budget))
             if "ref_logp" in needs:
-                ro.put(ref_logp=rollout_logp(self.reference, ro, micro, temperature, t.packing, budget))
+                ro.put(ref_logp=rollout_logp(self.reference, ro, micro, temperature, train.packing, budget))
             if "old_logp" in needs and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
-                r = self.cfg.rollout
+                rollout = self.cfg.rollout
                 engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])
                 weight, keep, ro.metrics = IS_CORRECTIONS.get(self.is_correction)(
-                    ro.get("old_logp"), engine_logp, ro.mask, ISConfig(r.is_level, r.is_cap))
+                    ro.get("old_logp"), engine_logp, ro.mask, ISConfig(rollout.is_level, rollout.is_cap))
                 if "is_weight" in needs:
                     ro.put(is_weight=weight)
         return keep
@@ -305,16 +305,16 @@ class Experience:
         if "values" not in self.needs:
             return
         with self.timed("values"):
-            t, dev = self.cfg.train, self.info.device
+            train, dev = self.cfg.train, self.info.device
             ro.put(values=batched_values(self.critic, ro.input_ids.to(dev), ro.attention_mask.to(dev),
-                                         t.micro_batch_per_device, t.max_tokens_per_micro_batch, t.packing))
+                                         train.micro_batch_per_device, train.max_tokens_per_micro_batch, train.packing))
 
     def advantages(self, ro: rb.Rollout, kl_coef: float, keep: torch.Tensor | None = None) -> None:
         """The registered estimator's advantages (and returns), or a pairwise loss's pair inputs; then the
         tokens the IS correction dropped (`keep` 0) leave the mask, so the loss and its counts."""
         with self.timed("advantages"):
-            a, G = self.cfg.algo, self.cfg.rollout.samples_per_prompt
-            if a.pairwise_loss is not None:
+            algo, G = self.cfg.algo, self.cfg.rollout.samples_per_prompt
+            if algo.pairwise_loss is not None:
                 scores, s_ref, delta = pair_rollout_inputs(ro.scores, ro.get("old_logp"), ro.get("ref_logp"),
                                                            ro.mask, G, kl_coef)
                 ro.put(pair_scores=scores, pair_s_ref=s_ref, delta=delta)
@@ -322,7 +322,7 @@ class Experience:
                 batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=G, step_ends=ro.get("step_ends"),
                                         step_scores=ro.get("step_scores"), old_logp=ro.get("old_logp"),
                                         ref_logp=ro.get("ref_logp"), values=ro.get("values"))
-                out = ADVANTAGES.get(a.advantage)(batch, advantage_config(a, self.cfg.critic, kl_coef))
+                out = ADVANTAGES.get(algo.advantage)(batch, advantage_config(algo, self.cfg.critic, kl_coef))
                 ro.put(adv=out.adv.float(), returns=out.returns)
                 if keep is not None:
                     ro.mask = keep.to(ro.mask.dtype)

@@ -54,10 +54,10 @@ def held_out_indices(num_rows: int, fraction: float, seed: int) -> set[int]:
 
 def data_description(cfg) -> dict:
     """What the stage trained and was evaluated on (for its manifest)."""
-    d = cfg.data
-    out = {"source": d.source}
+    data = cfg.data
+    out = {"source": data.source}
     if single_file(cfg):
-        out["held_out"] = f"seeded {d.held_out_fraction:g} of the file's rows (data.split_seed={d.split_seed})"
+        out["held_out"] = f"seeded {data.held_out_fraction:g} of the file's rows (data.split_seed={data.split_seed})"
     return out
 
 
@@ -67,23 +67,23 @@ _SAID: set = set()
 def user_rows(cfg, split: str) -> tuple[list[dict], str]:
     """(rows with canonical field names, a name for error messages). A single file is split into
     train and held-out rows; an empty training split is an error."""
-    d = cfg.data
+    data = cfg.data
     if single_file(cfg):
-        rows = loading.load_rows(d.source)
-        held = held_out_indices(len(rows), d.held_out_fraction, d.split_seed)
+        rows = loading.load_rows(data.source)
+        held = held_out_indices(len(rows), data.held_out_fraction, data.split_seed)
         rows = [r for i, r in enumerate(rows) if (i in held) == (split == "test")]
-        name = f"{d.source} [{split}]"
-        if d.source not in _SAID:
-            _SAID.add(d.source)
-            print(f"[rlft] {d.source} is a single file: {len(held)} of its rows are held out as the test split "
-                  f"(data.held_out_fraction={d.held_out_fraction:g}, data.split_seed={d.split_seed})", flush=True)
+        name = f"{data.source} [{split}]"
+        if data.source not in _SAID:
+            _SAID.add(data.source)
+            print(f"[rlft] {data.source} is a single file: {len(held)} of its rows are held out as the test split "
+                  f"(data.held_out_fraction={data.held_out_fraction:g}, data.split_seed={data.split_seed})", flush=True)
     else:
-        split_name = d.train_split if split == "train" else d.test_split
-        rows = loading.load_rows(d.source, split_name, d.name)
-        name = f"{d.source} [{split_name}]"
+        split_name = data.train_split if split == "train" else data.test_split
+        rows = loading.load_rows(data.source, split_name, data.name)
+        name = f"{data.source} [{split_name}]"
     if split == "train" and not rows:
         raise loading.DataError(f"{name} has no rows")
-    fields = {k: v for k, v in OmegaConf.to_container(d.fields, resolve=True).items() if v}
+    fields = {k: v for k, v in OmegaConf.to_container(data.fields, resolve=True).items() if v}
     return loading.map_fields(rows, fields, required=[], source=name), name
 
 

@@ -120,7 +120,7 @@ def replay_examples(it: "Iterations", kind: str, scorer, num_new: int, done: int
 def rm_train_config(cfg):
     """The policy's config with the reward model's batch, steps and learning rate."""
     rm_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    world = cfg.engine.nproc_per_node * cfg.engine.nnodes
+    world = cfg.deepspeed.nproc_per_node * cfg.deepspeed.nnodes
     micro = cfg.train.micro_batch_per_device
     rm_cfg.train.batch_size = micro * world
     rm_cfg.train.max_steps = cfg.iterative.rm_steps
@@ -130,7 +130,7 @@ def rm_train_config(cfg):
     # The scorer is a whole module on every rank between retrainings (it scores each rank's samples);
     # ZeRO-3 would partition it, so a ZeRO-3 run trains it under ZeRO-2 (its optimizer state and
     # gradients still sharded).
-    rm_cfg.engine.zero_stage = min(cfg.engine.zero_stage, 2)
+    rm_cfg.deepspeed.zero_stage = min(cfg.deepspeed.zero_stage, 2)
     return rm_cfg
 
 

@@ -46,9 +46,9 @@ class PolicySampler:
         self.model = load_model(cfg.model, path, tokenizer, seed=cfg.seed).to(device).eval()
         self.engine, why = build_engine(cfg, Frozen(self.model), tokenizer, device, seed=cfg.seed)
         self.engine.sync_weights(0)
-        r = cfg.rollout
-        self.sampling = Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k)
-        self.budget = prompt_budget(self.model, r.max_new_tokens)
+        rollout = cfg.rollout
+        self.sampling = Sampling(rollout.max_new_tokens, True, rollout.temperature, rollout.top_p, rollout.top_k)
+        self.budget = prompt_budget(self.model, rollout.max_new_tokens)
         dist.print0(f"[rlft] {cfg.algo.name}: labelling samples of {path}; rollout engine: {why}")
 
     def generate(self, texts: list[str], rows: list[dict], n: int, seed: int) -> list[list[str]]:
@@ -102,7 +102,7 @@ def pair_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
 
 def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[dict], dict]:
     """PRM examples: every sample's steps with exact or Monte-Carlo labels, and what was measured."""
-    a = cfg.algo
+    algo = cfg.algo
     sampler = PolicySampler(cfg, tokenizer, device)
     try:
         records = sample_records(sampler, cfg, split, count)
@@ -113,17 +113,17 @@ def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
                 continue
             solves = lambda text, row=r["row"]: sampler.env.score(row, text).correct  # noqa: E731
             exact = L.exact_step_labels(steps, r["gold_steps"], solves) if r["gold_steps"] is not None else None
-            if a.labels == "exact":
+            if algo.labels == "exact":
                 labels = exact
             elif r["correct"]:  # its own completion reaches the gold answer from every prefix
                 labels = [1] * len(steps)
             else:
                 prefixes = L.step_prefixes(steps)
                 continuations = sampler.generate([r["prompt_text"] + p for p in prefixes], [r["row"]] * len(prefixes),
-                                                 a.mc_completions,
+                                                 algo.mc_completions,
                                                  seed=(cfg.seed * 31 + i) * 4099 + dist.info().rank)
                 labels, _ = L.mc_step_labels(continuations, prefixes, solves)
-            if exact is not None and a.labels == "mc":
+            if exact is not None and algo.labels == "mc":
                 agree += sum(x == y for x, y in zip(labels, exact))
                 total += len(steps)
             # the question and the outcome let the held-out evaluation pair a correct with an incorrect sample
@@ -134,7 +134,7 @@ def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
         sampler.close()
     examples = gathered([ex for ex in rows if ex["step_positions"]])
     out = summary(split, records)
-    if total or a.labels == "mc":
+    if total or algo.labels == "mc":
         agree, total = dist.all_reduce_sum([float(agree), float(total)])
         if total:
             out[f"{split}_mc_exact_agreement"] = agree / total

@@ -101,25 +101,26 @@ def step_count(examples: list[dict]) -> int:
 
 def run_rm(cfg, ctx: common.StageContext) -> dict:
     """Train an outcome RM (algo=rm) on preference pairs: the data's, or pairs of the policy's samples."""
-    a = cfg.algo
-    if a.source == "policy":
+    algo = cfg.algo
+    if algo.source == "policy":
         return run(cfg, ctx, "rm", lambda tok, split: policy_data.pair_examples(
-            cfg, tok, split, a.num_prompts if split == "train" else a.num_eval_pairs, ctx.info.device),
+            cfg, tok, split, algo.num_prompts if split == "train" else algo.num_eval_pairs, ctx.info.device),
             len, rm_loss)
     return run(cfg, ctx, "rm", lambda tok, split: (
-        held(inputs.pair_examples(cfg, tok, split), split, a.num_eval_pairs), {}), len, rm_loss)
+        held(inputs.pair_examples(cfg, tok, split), split, algo.num_eval_pairs), {}), len, rm_loss)
 
 
 def run_prm(cfg, ctx: common.StageContext) -> dict:
     """Train a process RM (algo=prm) on step-labelled solutions: the data's, or the policy's samples."""
-    a = cfg.algo
-    loss = functools.partial(prm_loss, good_weight=a.good_step_weight)
-    if a.source == "policy":
+    algo = cfg.algo
+    loss = functools.partial(prm_loss, good_weight=algo.good_step_weight)
+    if algo.source == "policy":
         return run(cfg, ctx, "prm", lambda tok, split: policy_data.step_examples(
-            cfg, tok, split, a.num_prompts if split == "train" else a.num_eval_rows, ctx.info.device),
+            cfg, tok, split, algo.num_prompts if split == "train" else algo.num_eval_rows, ctx.info.device),
             step_count, loss)
     return run(cfg, ctx, "prm", lambda tok, split: (
-        held(inputs.step_examples(cfg, tok, split, a.frac_correct), split, a.num_eval_rows), {}), step_count, loss)
+        held(inputs.step_examples(cfg, tok, split, algo.frac_correct), split, algo.num_eval_rows), {}),
+        step_count, loss)
 
 
 def held(examples: list, split: str, num_eval: int) -> list:

@@ -36,20 +36,20 @@ def dedupe(samples: list[tuple]) -> list[tuple]:
 def collect(cfg, ctx, model, tokenizer) -> tuple[list[dict], dict]:
     """Sampled, verified and de-duplicated trajectories as SFT examples (the sampled tokens themselves,
     environment tokens untrained), the same on every rank."""
-    a, info = cfg.algo, ctx.info
+    algo, info = cfg.algo, ctx.info
     env = envs.build(cfg, tokenizer)
     rows = env.rows("train")
-    rows = rows[:a.num_prompts] if a.num_prompts else rows
+    rows = rows[:algo.num_prompts] if algo.num_prompts else rows
     mine = list(range(info.rank, len(rows), info.world_size))
     prompt_texts = [inputs.render(cfg, tokenizer, rows[i]) for i in mine]
-    r = cfg.rollout
-    prompt_ids = encode_prompts(tokenizer, prompt_texts, prompt_budget(model, r.max_new_tokens), "rft")
+    rollout = cfg.rollout
+    prompt_ids = encode_prompts(tokenizer, prompt_texts, prompt_budget(model, rollout.max_new_tokens), "rft")
     engine, why = build_engine(cfg, Frozen(model), tokenizer, info.device, seed=cfg.seed)
     dist.print0(f"[rlft] rollout engine: {why}")
     engine.sync_weights(0)
     torch.manual_seed(cfg.seed + info.rank)
-    gens = episodes.sample(engine, env, [rows[i] for i in mine], prompt_ids, r.samples_per_prompt,
-                           Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
+    gens = episodes.sample(engine, env, [rows[i] for i in mine], prompt_ids, rollout.samples_per_prompt,
+                           Sampling(rollout.max_new_tokens, True, rollout.temperature, rollout.top_p, rollout.top_k),
                            cfg.seed * 1000 + info.rank, tokenizer, episodes.limits(cfg, env, tokenizer))
     engine.sleep()
     owners = [mine[j] for j in gens.prompt_index]
@@ -59,7 +59,7 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[dict], dict]:
     weights = gens.token_mask or [[1] * len(c) for c in gens.completion_ids]
     kept = [(i, tuple(c), tuple(w), j) for i, c, w, j, rew, trunc in
             zip(owners, gens.completion_ids, weights, gens.prompt_index, rewards.tolist(), gens.truncated)
-            if rew > a.rft_threshold and not trunc]
+            if rew > algo.rft_threshold and not trunc]
     local = [(i, c, w, tuple(prompt_ids[j])) for i, c, w, j in kept]
     samples = dedupe(sorted(s for part in dist.all_gather_object(local) for s in part))
     n_sampled, n_kept = dist.all_reduce_sum([float(len(gens.texts)), float(len(kept))])

@@ -118,7 +118,7 @@ def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
 
 def run(cfg, ctx: common.StageContext) -> dict:
     common.prepare_run_dir(ctx)
-    a, t = cfg.algo, cfg.train
+    algo, train = cfg.algo, cfg.train
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
@@ -131,12 +131,12 @@ def run(cfg, ctx: common.StageContext) -> dict:
     critic = build_critic(cfg, tokenizer) if trains_critic(cfg) else None
     experience = Experience.build(cfg, ctx.info, tokenizer, policy, reference, critic)
     update = Update(cfg, policy, critic)
-    kl = KL(a)
+    kl = KL(algo)
     iterations = iterative.Iterations(cfg, ctx, experience, policy,
                                       lambda path: load_reference(cfg, path, tokenizer))
 
-    steps_per_rollout = a.updates_per_rollout * a.minibatches_per_rollout
-    total_rollouts = t.max_steps // steps_per_rollout
+    steps_per_rollout = algo.updates_per_rollout * algo.minibatches_per_rollout
+    total_rollouts = train.max_steps // steps_per_rollout
     companions = {"critic": critic} if critic is not None else None
     resumed = common.resume_state(ctx, policy, companions)
     start_step = int(resumed.get("step", 0))
@@ -146,10 +146,10 @@ def run(cfg, ctx: common.StageContext) -> dict:
     if start_step and iterations.count > 1:  # the reward models and reference of the iteration resumed into
         iterations.restore(start_step // steps_per_rollout - 1, resumed.get("samples_log", []))
         common.set_rng_state(resumed["rng"])  # loading those models may have drawn random numbers
-    tracker = common.Tracker(ctx.run_dir, cfg, ctx.info.is_main, t.max_steps, start_step)
+    tracker = common.Tracker(ctx.run_dir, cfg, ctx.info.is_main, train.max_steps, start_step)
     stats, times = common.Sums(), common.Sums()
     summary: dict = {}
-    if start_step == 0 and a.eval_every:
+    if start_step == 0 and algo.eval_every:
         tracker.log(0, experience.greedy_accuracy())
     for r in range(start_step // steps_per_rollout, total_rollouts):
         if iterations.starts(r):
@@ -169,12 +169,12 @@ def run(cfg, ctx: common.StageContext) -> dict:
         iterations.record(ro)
         done = (r + 1) * steps_per_rollout
         tracker.advance(steps_per_rollout)
-        if done % t.log_every == 0 or done == t.max_steps:
+        if done % train.log_every == 0 or done == train.max_steps:
             summary = stats.reduce()
             summary["reward_std"] = max(summary.pop("reward_sq") - summary["reward"] ** 2, 0.0) ** 0.5
             summary.update(times.reduce(), lr=policy.lr(), iteration=iterations.index(r), kl_coef=kl.coef,
                            samples_seen=int(dist.all_reduce_sum([float(experience.samples_drawn)])[0]))
-            if a.eval_every and done % a.eval_every == 0 and done != t.max_steps:
+            if algo.eval_every and done % algo.eval_every == 0 and done != train.max_steps:
                 summary.update(experience.greedy_accuracy())
             tracker.log(done, summary)
             stats, times = common.Sums(), common.Sums()
@@ -182,13 +182,13 @@ def run(cfg, ctx: common.StageContext) -> dict:
         def save(done=done):
             client = {"step": done, "rng": common.rng_state(), "kl_coef": kl.coef,
                       "samples_drawn": experience.samples_drawn, **iterations.state()}
-            return policy.save_checkpoint(ctx.ckpt_root, done, client, t.keep_checkpoints, companions)
+            return policy.save_checkpoint(ctx.ckpt_root, done, client, train.keep_checkpoints, companions)
 
-        if t.save_every and done % t.save_every == 0 and done != t.max_steps:
+        if train.save_every and done % train.save_every == 0 and done != train.max_steps:
             save()
         common.stop_if_signalled(ctx, done, save)
     final_eval = experience.greedy_accuracy()
-    tracker.log(t.max_steps, final_eval)
+    tracker.log(train.max_steps, final_eval)
     summary.update(final_eval)
     tracker.close()
     if critic is not None:

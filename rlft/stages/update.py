@@ -42,9 +42,9 @@ class Shape:
 
     @classmethod
     def of(cls, cfg) -> "Shape":
-        t, r = cfg.train, cfg.rollout
-        return cls(cfg.algo, r.samples_per_prompt, r.temperature, r.max_new_tokens, t.micro_batch_per_device,
-                   t.max_tokens_per_micro_batch, t.packing)
+        train, rollout = cfg.train, cfg.rollout
+        return cls(cfg.algo, rollout.samples_per_prompt, rollout.temperature, rollout.max_new_tokens,
+                   train.micro_batch_per_device, train.max_tokens_per_micro_batch, train.packing)
 
 
 class Update:

@@ -33,17 +33,17 @@ STEPS = 4
 BASE = [*TINY, f"train.max_steps={STEPS}", "train.batch_size=8", "train.log_every=1", "train.lr=1e-2",
         "train.warmup_steps=0", "train.lr_schedule=constant", "seed=3"]
 CONFIGS = {
-    "ref": ["engine=zero0", "engine.nproc_per_node=1", "train.micro_batch_per_device=4"],
-    "z2x2": ["engine=zero2", "engine.nproc_per_node=2", "train.micro_batch_per_device=2"],
-    "z3x2": ["engine=zero3", "engine.nproc_per_node=2", "train.micro_batch_per_device=4"],
-    "acc2": ["engine=zero2", "engine.nproc_per_node=1", "train.micro_batch_per_device=2"],
-    "acc8": ["engine=zero2", "engine.nproc_per_node=1", "train.micro_batch_per_device=8"],
+    "ref": ["deepspeed=zero0", "deepspeed.nproc_per_node=1", "train.micro_batch_per_device=4"],
+    "z2x2": ["deepspeed=zero2", "deepspeed.nproc_per_node=2", "train.micro_batch_per_device=2"],
+    "z3x2": ["deepspeed=zero3", "deepspeed.nproc_per_node=2", "train.micro_batch_per_device=4"],
+    "acc2": ["deepspeed=zero2", "deepspeed.nproc_per_node=1", "train.micro_batch_per_device=2"],
+    "acc8": ["deepspeed=zero2", "deepspeed.nproc_per_node=1", "train.micro_batch_per_device=8"],
     # ZeRO-Offload (DeepSpeed's CPU AdamW on the CPU copy of the optimizer state) and activation
     # checkpointing (recomputation in the backward pass): the same update, less GPU memory
-    "offload": ["engine=zero2", "engine.nproc_per_node=1", "train.micro_batch_per_device=8",
-                "engine.offload_optimizer=true", "engine.activation_checkpointing=true"],
+    "offload": ["deepspeed=zero2", "deepspeed.nproc_per_node=1", "train.micro_batch_per_device=8",
+                "deepspeed.offload_optimizer=true", "deepspeed.activation_checkpointing=true"],
     # forwards cut by a token budget (packed): a varying number per step, agreed between the ranks
-    "tokens": ["engine=zero3", "engine.nproc_per_node=2", "train.micro_batch_per_device=4", "train.packing=true",
+    "tokens": ["deepspeed=zero3", "deepspeed.nproc_per_node=2", "train.micro_batch_per_device=4", "train.packing=true",
                "train.max_tokens_per_micro_batch=200"],
 }
 RTOL = 1e-4
@@ -126,7 +126,7 @@ def test_gradient_norm_independent_of_split(curves):
 
 def launch_nodes(workdir, common: list[str], logs: list) -> list[int]:
     """Start node_rank 0 and 1 (one driver each) and wait for both; their exit codes."""
-    procs = [popen_cli(workdir, *common, f"engine.node_rank={r}", log=logs[r], env=cli_env()) for r in (0, 1)]
+    procs = [popen_cli(workdir, *common, f"deepspeed.node_rank={r}", log=logs[r], env=cli_env()) for r in (0, 1)]
     deadline = time.time() + 600
     try:
         for p in procs:
@@ -140,12 +140,12 @@ def launch_nodes(workdir, common: list[str], logs: list) -> list[int]:
 
 
 def test_two_node_launch_matches_single_rank(workdir, curves):
-    """Two drivers with engine.nnodes=2 and node_rank 0/1 (one rank each) meet at master_addr:port."""
+    """Two drivers with deepspeed.nnodes=2 and node_rank 0/1 (one rank each) meet at master_addr:port."""
     port = free_port()
     name = "nodes"
     common = ["train", "algo=sft", f"run.name={name}", "run.root=runs", *BASE, *CONFIGS["ref"],
-              "engine.nnodes=2", "engine.nproc_per_node=1", "engine.master_addr=127.0.0.1",
-              f"engine.master_port={port}"]
+              "deepspeed.nnodes=2", "deepspeed.nproc_per_node=1", "deepspeed.master_addr=127.0.0.1",
+              f"deepspeed.master_port={port}"]
     logs = [workdir / f"node{r}.log" for r in (0, 1)]
     codes = launch_nodes(workdir, common, logs)
     if codes != [0, 0] and any(GLOO_ABORT in log.read_text() for log in logs):
@@ -167,10 +167,10 @@ def test_two_node_launch_matches_single_rank(workdir, curves):
 def test_multi_node_without_port_is_refused(workdir):
     """A multi-node config without a fixed port is refused before anything starts."""
     proc = run_cli(workdir, "train", "algo=sft", "run.name=noport", *BASE, *CONFIGS["ref"],
-                   "engine.nnodes=2", timeout=120)
+                   "deepspeed.nnodes=2", timeout=120)
     assert proc.returncode != 0, explain(proc)
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "engine.master_port=0" in lines[0], proc.stderr
+    assert len(lines) == 1 and "deepspeed.master_port=0" in lines[0], proc.stderr
     assert not stage_dir(workdir, "noport", "sft").exists()
 
 

@@ -204,7 +204,8 @@ def alive(pid: int) -> bool:
 
 def start_two_ranks(tmp_path, name):
     """A 2-rank SFT long enough to be interrupted; returns (driver, its rank processes) once training runs."""
-    driver = popen_cli(tmp_path, "train", *SFT, f"run.name={name}", "engine.nproc_per_node=2", "train.max_steps=5000",
+    driver = popen_cli(tmp_path, "train", *SFT, f"run.name={name}", "deepspeed.nproc_per_node=2",
+                       "train.max_steps=5000",
                        "train.log_every=100", "train.save_every=0", log=tmp_path / f"{name}.log")
     deadline = time.time() + 120
     while time.time() < deadline:

@@ -61,14 +61,14 @@ COMPLETIONS = [  # <e> = EOS; lines without it hit max_new_tokens (truncated)
 SCORES = [1.0, 0.0, 0.0, 0.25,  0.5, 1.0, 0.0, 0.0,  1.0, 0.2, 0.0, 0.7,  0.0, 0.0, 0.0, 0.0]
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
         "data.task.num_train=200", "data.task.num_test=20", "train.max_seq_len=128",
-        "engine.threads_per_rank=1", "logger.wandb=disabled", "logger.progress=false"]
+        "deepspeed.threads_per_rank=1", "logger.wandb=disabled", "logger.progress=false"]
 
 register_schemas()
 
 
 def make_cfg(case):
-    overrides = ["algo=grpo", *TINY, "engine.device=cpu", "engine.backend=gloo",
-                 f"engine.zero_stage={case['zero']}", f"engine.nproc_per_node={world}",
+    overrides = ["algo=grpo", *TINY, "deepspeed.device=cpu", "deepspeed.backend=gloo",
+                 f"deepspeed.zero_stage={case['zero']}", f"deepspeed.nproc_per_node={world}",
                  f"rollout.prompts_per_step={P}", f"rollout.samples_per_prompt={G}", "rollout.max_new_tokens=16",
                  "algo.kl_coef=0.04", f"algo.loss_agg={case['agg']}", f"train.micro_batch_per_device={case['micro']}",
                  f"algo.updates_per_rollout={case.get('mu', 1)}",
@@ -125,7 +125,7 @@ def rank_rollout(rank, minibatches):
 results = {}
 for case in cases:
     cfg = make_cfg(case)
-    info = dist.init(cfg.engine)
+    info = dist.init(cfg.deepspeed)
     saved_adamw, saved_agg = torch.optim.AdamW, update.AGGREGATIONS
     if case.get("optimizer") == "sgd":
         torch.optim.AdamW = SGD
@@ -151,7 +151,8 @@ for case in cases:
         update.update_policy(policy, ro, stats, update.Shape.of(cfg), cfg.algo.kl_coef)
         # forwards this rank's rows would need alone by the token budget (before the ranks agree)
         items = [[int(n)] for n in ro.attention_mask.sum(-1)]
-        alone = len(microbatch.by_tokens(items, t.max_tokens_per_micro_batch, t.packing)) if t.max_tokens_per_micro_batch else 0
+        alone = len(microbatch.by_tokens(items, t.max_tokens_per_micro_batch,
+                                         t.packing)) if t.max_tokens_per_micro_batch else 0
         alone = dist.all_gather_object(alone)
         denom = update.global_denominator(ro.mask, cfg.rollout.max_new_tokens)
         metrics = stats.reduce()

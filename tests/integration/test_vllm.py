@@ -252,7 +252,7 @@ def test_grpo_with_vllm_on_two_ranks(sft, tmp_path, zero, tp):
         run = RUN
     out = stage_dir(work, run, "grpo")
     proc = run_cli_retrying_abort(work, "train", "algo=grpo", f"run.name={run}", *RL_SMALL, *model, *VLLM_RL,
-                                  "train.max_steps=3", f"engine.zero_stage={zero}", "engine.nproc_per_node=2",
+                                  "train.max_steps=3", f"deepspeed.zero_stage={zero}", "deepspeed.nproc_per_node=2",
                                   f"rollout.vllm.tensor_parallel_size={tp}", "train.micro_batch_per_device=4",
                                   clean=out, timeout=900, env=rl_env())
     assert proc.returncode == 0, proc.stderr[-3000:]

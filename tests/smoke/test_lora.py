@@ -95,9 +95,11 @@ def test_lora_rl_uses_the_base_model_as_reference(tmp_path):
 
 
 def test_lora_under_zero3_on_two_ranks_matches_one_rank(tmp_path):
-    args = ["train", "algo=sft", f"run.name={RUN}", "train.max_steps=2", *SMALL, *LORA, "train.micro_batch_per_device=4"]
+    args = ["train", "algo=sft", f"run.name={RUN}", "train.max_steps=2", *SMALL, *LORA,
+            "train.micro_batch_per_device=4"]
     check_ok(rl_cli(tmp_path, *args, "run.dir=runs/lo/one"))
-    check_ok(rl_cli(tmp_path, *args, "run.dir=runs/lo/two", "engine=zero3", "engine.nproc_per_node=2", timeout=600))
+    check_ok(rl_cli(tmp_path, *args, "run.dir=runs/lo/two", "deepspeed=zero3", "deepspeed.nproc_per_node=2",
+                    timeout=600))
     one, two = (load_safetensors(tmp_path / "runs" / "lo" / d / "final") for d in ("one", "two"))
     assert set(one) == set(two)
     for key in one:

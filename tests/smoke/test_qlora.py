@@ -26,7 +26,8 @@ def dequantized_parent(parent_dir) -> dict:
 
     from rlft import lora
 
-    model = AutoModelForCausalLM.from_pretrained(parent_dir, quantization_config=lora.quantization_config(torch.float32),
+    model = AutoModelForCausalLM.from_pretrained(parent_dir,
+                                                 quantization_config=lora.quantization_config(torch.float32),
                                                  device_map={"": "cpu"})
     return lora.dequantized_state_dict(model, model.state_dict())
 
@@ -97,7 +98,7 @@ def test_qlora_reward_models_and_dpo(tmp_path):
 def test_qlora_refuses_zero3_and_the_built_in_model(tmp_path):
     from helpers import one_line_error
 
-    proc = rl_cli(tmp_path, "train", "algo=sft", f"run.name={RUN}", "train.max_steps=1", *QLORA, "engine=zero3")
+    proc = rl_cli(tmp_path, "train", "algo=sft", f"run.name={RUN}", "train.max_steps=1", *QLORA, "deepspeed=zero3")
     assert proc.returncode != 0 and "cannot be sharded by ZeRO-3" in one_line_error(proc)
     proc = rl_cli(tmp_path, "train", "algo=sft", f"run.name={RUN}", "train.max_steps=1", *QLORA)
     assert proc.returncode != 0 and "start from a checkpoint" in one_line_error(proc)

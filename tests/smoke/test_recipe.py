@@ -12,7 +12,7 @@ from helpers import USER_REWARD, check_ok, load_safetensors, read_manifest, rl_e
 
 CHAT = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}")
-COMMON = ["engine.precision=fp32", "engine.threads_per_rank=1", "logger.wandb=disabled", "logger.progress=false",
+COMMON = ["deepspeed.precision=fp32", "deepspeed.threads_per_rank=1", "logger.wandb=disabled", "logger.progress=false",
           "data.name=null", "train.max_seq_len=256", "train.log_every=1", "train.save_every=0"]
 
 

@@ -40,8 +40,8 @@ def test_unknown_train_key_lists_train_keys(tmp_path):
     assert seconds < QUICK_S
 
 
-def test_engine_typo_suggests_zero3(tmp_path):
-    proc, seconds = timed(tmp_path, "train", "engine=zero9", *TINY)
+def test_deepspeed_option_typo_suggests_zero3(tmp_path):
+    proc, seconds = timed(tmp_path, "train", "deepspeed=zero9", *TINY)
     line = one_line_error(proc)
     assert "did you mean 'zero3'" in line, line
     assert "zero0" in line and "cpu" in line  # the valid options are listed
@@ -49,7 +49,7 @@ def test_engine_typo_suggests_zero3(tmp_path):
 
 
 def test_unknown_option_inside_a_sweep_is_caught(tmp_path):
-    line = one_line_error(run_cli(tmp_path, "train", "-m", "engine=zero2,zero7", *TINY, timeout=120))
+    line = one_line_error(run_cli(tmp_path, "train", "-m", "deepspeed=zero2,zero7", *TINY, timeout=120))
     assert "zero7" in line
 
 
@@ -88,7 +88,7 @@ def test_list_groups(tmp_path):
     assert proc.returncode == 0, explain(proc)
     groups = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line and not line.startswith("`"))
     assert {"sft", "rm", "prm"} <= set(groups["algo"].split(", "))
-    assert {"zero0", "zero1", "zero2", "zero3"} <= set(groups["engine"].split(", "))
+    assert {"zero0", "zero1", "zero2", "zero3"} <= set(groups["deepspeed"].split(", "))
 
 
 def test_list_algo_describes_each(tmp_path):

@@ -46,7 +46,7 @@ def test_every_group_has_options_and_descriptions():
     from rlft.overrides import option_description
 
     assert {"sft", "rm", "prm"} <= set(group_options("algo"))
-    assert {"zero0", "zero1", "zero2", "zero3", "cpu"} <= set(group_options("engine"))
+    assert {"zero0", "zero1", "zero2", "zero3", "cpu"} <= set(group_options("deepspeed"))
     assert {"tiny", "hf"} <= set(group_options("model"))
     assert {"arith", "gsm8k", "jsonl"} <= set(group_options("data"))
     for group, option in _group_cases():
@@ -57,7 +57,7 @@ def test_defaults_compose_and_validate():
     cfg = _compose([])
     validate(cfg)
     assert cfg.algo.name == "sft"
-    assert cfg.engine.zero_stage == 0
+    assert cfg.deepspeed.zero_stage == 0
     assert cfg.model.path == "auto"
     assert cfg.data.source == "builtin:arith"
     assert cfg.run.name == "default" and cfg.run.root == "runs"
@@ -75,8 +75,8 @@ def test_every_group_option_composes_and_validates(group, option):
     if group == "algo":
         assert cfg.algo.name == option
         assert isinstance(cfg.algo.init_from, str) and cfg.algo.init_from
-    if group == "engine" and option.startswith("zero"):
-        assert cfg.engine.zero_stage == int(option[len("zero"):])
+    if group == "deepspeed" and option.startswith("zero"):
+        assert cfg.deepspeed.zero_stage == int(option[len("zero"):])
 
 
 @pytest.mark.parametrize("algo", group_options("algo"))
@@ -92,10 +92,10 @@ def test_algo_yaml_is_typed_by_its_schema(algo):
 
 
 def test_engine_zero_options_compose_with_other_groups():
-    cfg = _compose(["algo=rm", "engine=zero3", "engine.nproc_per_node=2", "train.batch_size=32",
+    cfg = _compose(["algo=rm", "deepspeed=zero3", "deepspeed.nproc_per_node=2", "train.batch_size=32",
                     "train.micro_batch_per_device=8"])
     validate(cfg)
-    assert (cfg.algo.name, cfg.engine.zero_stage, grad_accum_steps(cfg)) == ("rm", 3, 2)
+    assert (cfg.algo.name, cfg.deepspeed.zero_stage, grad_accum_steps(cfg)) == ("rm", 3, 2)
 
 
 def _one_line_error(overrides: list[str], *needles: str) -> str:
@@ -116,12 +116,12 @@ def test_batch_not_divisible_is_one_line():
 
 def test_batch_not_divisible_counts_ranks():
     # 8 is a multiple of micro 4, but not of 4 x 3 ranks
-    _one_line_error(["train.batch_size=8", "train.micro_batch_per_device=4", "engine.nproc_per_node=3"],
+    _one_line_error(["train.batch_size=8", "train.micro_batch_per_device=4", "deepspeed.nproc_per_node=3"],
                     "4 x 3")
 
 
 def test_bad_zero_stage_is_one_line():
-    _one_line_error(["engine.zero_stage=4"], "engine.zero_stage=4", "0, 1, 2, 3")
+    _one_line_error(["deepspeed.zero_stage=4"], "deepspeed.zero_stage=4", "0, 1, 2, 3")
 
 
 def test_eval_k_above_samples_is_one_line():
@@ -130,8 +130,9 @@ def test_eval_k_above_samples_is_one_line():
 
 def test_other_value_errors_are_one_line():
     _one_line_error(["train.max_steps=0"], "train.max_steps=0")
-    _one_line_error(["engine.nnodes=2", "engine.node_rank=2", "engine.master_port=29500"], "engine.node_rank=2")
-    _one_line_error(["engine.nnodes=2"], "engine.master_port=0")
+    _one_line_error(["deepspeed.nnodes=2", "deepspeed.node_rank=2", "deepspeed.master_port=29500"],
+                    "deepspeed.node_rank=2")
+    _one_line_error(["deepspeed.nnodes=2"], "deepspeed.master_port=0")
 
 
 def test_fixed_choices_are_checked_by_omegaconf():
@@ -214,7 +215,8 @@ def test_describe_keys_filters_by_prefix_and_shows_defaults():
     assert "data.task.seed" in {k for k, _, _ in describe_keys("data.task")}
 
 
-@pytest.mark.parametrize("key", ["run.name", "seed", "train.max_steps", "engine.zero_stage", "engine.nproc_per_node"])
+@pytest.mark.parametrize("key", ["run.name", "seed", "train.max_steps", "deepspeed.zero_stage",
+                                 "deepspeed.nproc_per_node"])
 def test_public_contract_keys_exist(key):
     documented = {k for k, _, _ in describe_keys()}
     assert key in documented

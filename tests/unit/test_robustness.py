@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlft import rundir
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, StageError
 from rlft.data.loading import DataError, map_fields, to_preference_rows, to_sft_rows
 from rlft.engine.integrity import damage, verified, write_checksums
 from rlft.stages import inputs
@@ -96,7 +96,8 @@ def test_a_completed_stage_names_the_stages_built_from_it(tmp_path):
         (run / stage).mkdir(parents=True)
         (run / stage / "manifest.json").write_text(json.dumps({"parent": parent}))
     assert [p.name for p in rundir.dependents(run / "sft")] == ["grpo", "rm"]
-    with pytest.raises(rundir.CompletedStageError, match=r"overwrite=true to replace it \(stages built from it: grpo, rm\)"):
+    with pytest.raises(rundir.CompletedStageError,
+                       match=r"overwrite=true to replace it \(stages built from it: grpo, rm\)"):
         rundir.check_not_completed(run / "sft", resume=False, overwrite=False)
     rundir.check_not_completed(run / "sft", resume=True, overwrite=False)
     rundir.check_not_completed(run / "sft", resume=False, overwrite=True)
@@ -174,6 +175,33 @@ def test_wrong_value_types_are_one_line(arg, needle):
 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         check_overrides([arg])
+
+
+@pytest.mark.parametrize("arg, needle", [("engine=zero2", "'engine=zero2' is now 'deepspeed=zero2'"),
+                                         ("engine.zero_stage=3",
+                                          "'engine.zero_stage=3' is now 'deepspeed.zero_stage=3'"),
+                                         ("algo.critic_lr=0.1", "'algo.critic_lr' is now 'critic.lr'")])
+def test_renamed_sections_and_keys_name_the_new_one(arg, needle):
+    from rlft.overrides import check_overrides
+
+    with pytest.raises(ConfigError) as info:
+        check_overrides([arg])
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_checkpoint_config_recorded_under_an_old_section_name_resumes(capsys):
+    from omegaconf import OmegaConf
+
+    from rlft.config.schema import Config
+    from rlft.stages.common import check_resume_config
+
+    cfg = OmegaConf.structured(Config)
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    saved["engine"] = saved.pop("deepspeed")
+    check_resume_config(saved, cfg, Path("ckpt"))  # no difference once the section is read under its new name
+    saved["engine"]["zero_stage"] = 2
+    with pytest.raises(StageError, match="deepspeed.zero_stage: 2 -> 0"):
+        check_resume_config(saved, cfg, Path("ckpt"))
 
 
 def test_option_descriptions_are_whole_sentences():
