@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from rlft import gguf
-from rlft.engine.integrity import damage
+from rlft.trainer.integrity import damage
 from rlft.errors import MissingInputError
 
 STAGE_PREFIX = "stage:"

@@ -205,7 +205,7 @@ def rank_command(cfg, cfg_path: Path) -> list[str]:
     ds_opts = cfg.deepspeed
     port = ds_opts.master_port
     if port == 0:
-        from rlft.engine.dist import free_port
+        from rlft.trainer.dist import free_port
 
         port = free_port()
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ds_opts.nproc_per_node}",

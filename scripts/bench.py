@@ -156,7 +156,7 @@ def run_rlft(args) -> dict:
     runs them, on the benchmark's prompts and rewards."""
     import torch
 
-    from rlft.engine import Engine, dist
+    from rlft.trainer import Trainer, dist
     from rlft.rewards.scoring import RewardSet
     from rlft.rollout.generate import Sampling, build_engine
     from rlft.stages.common import Sums
@@ -167,8 +167,8 @@ def run_rlft(args) -> dict:
     info = dist.init(cfg.deepspeed)
     device = info.device
     tok = build_tokenizer(SHAPES[args.shape]["vocab_size"])
-    policy = Engine(cfg, build_model(args.shape, args.seed))
-    ref = Engine(cfg, build_model(args.shape, args.seed), trainable=False) if args.kl_coef > 0 else None
+    policy = Trainer(cfg, build_model(args.shape, args.seed))
+    ref = Trainer(cfg, build_model(args.shape, args.seed), trainable=False) if args.kl_coef > 0 else None
     tic = time.perf_counter()
     engine, engine_line = build_engine(cfg, policy, tok, device, seed=args.seed)
     engine_start_s = time.perf_counter() - tic

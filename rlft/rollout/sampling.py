@@ -73,7 +73,7 @@ def cut_at_eos(tokens: list[int], eos_id: int, pad_id: int) -> tuple[list[int], 
 
 
 class ModelSource(Protocol):
-    """Where an engine finds the weights to sample from: the trainer's `Engine`, or `Frozen`."""
+    """Where an engine finds the weights to sample from: the `Trainer`, or `Frozen`."""
     module: torch.nn.Module
 
     def gathered(self) -> ContextManager[torch.nn.Module]:

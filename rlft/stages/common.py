@@ -20,8 +20,8 @@ import torch
 from rlft import handoff, microbatch, signals
 from rlft.config.arithmetic import samples_per_step
 from rlft.config.schema import RENAMED_SECTIONS
-from rlft.engine import CHECKPOINT_CONFIG, Engine, dist, list_checkpoints
-from rlft.engine.integrity import damage
+from rlft.trainer import CHECKPOINT_CONFIG, Trainer, dist, list_checkpoints
+from rlft.trainer.integrity import damage
 from rlft.errors import Interrupted, StageError
 from rlft.tracking import Tracker
 
@@ -89,9 +89,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def maybe_resume(ctx: StageContext, engine: Engine) -> int:
+def maybe_resume(ctx: StageContext, trainer: Trainer) -> int:
     """Load the newest checkpoint when resume=true; returns the step to continue from."""
-    return int(resume_state(ctx, engine).get("step", 0))
+    return int(resume_state(ctx, trainer).get("step", 0))
 
 
 def intact_checkpoint(ckpt_root: Path) -> Path | None:
@@ -118,7 +118,7 @@ def intact_checkpoint(ckpt_root: Path) -> Path | None:
     return Path(choice) if choice else None
 
 
-def resume_state(ctx: StageContext, engine: Engine, companions: dict | None = None) -> dict:
+def resume_state(ctx: StageContext, trainer: Trainer, companions: dict | None = None) -> dict:
     """Load the newest intact checkpoint when resume=true (RNG restored, companion engines too);
     returns its client state ({} when starting fresh): the step and whatever else the stage saved."""
     if not ctx.cfg.resume:
@@ -130,7 +130,7 @@ def resume_state(ctx: StageContext, engine: Engine, companions: dict | None = No
     saved = path / CHECKPOINT_CONFIG
     check_resume_config(json.loads(saved.read_text()) if saved.is_file() else None, ctx.cfg, path)
     try:
-        state = engine.load_checkpoint(path, companions)
+        state = trainer.load_checkpoint(path, companions)
     except Exception as exc:  # a checkpoint without checksums (older rlft) can still be unreadable
         raise StageError(f"cannot load checkpoint {path}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}; "
                          f"remove it to resume from an older one, or rerun without resume=true") from None
@@ -228,7 +228,7 @@ def example_sequences(example: dict) -> list[int]:
     return [len(example["chosen_ids"]), len(example["rejected_ids"])]
 
 
-def optimizer_step(engine: Engine, examples: list, indices: list[int], count_fn: Callable[[list], float],
+def optimizer_step(trainer: Trainer, examples: list, indices: list[int], count_fn: Callable[[list], float],
                    loss_fn: LossFn, train_cfg, sums: Sums) -> None:
     """One optimizer step on the global batch `indices`: this rank's share, micro-batch by micro-batch
     (train.micro_batch_per_device examples, or a token budget: rlft.microbatch), each loss divided by
@@ -239,24 +239,24 @@ def optimizer_step(engine: Engine, examples: list, indices: list[int], count_fn:
     parts = microbatch.plan_for(train_cfg, [example_sequences(examples[i]) for i in mine])
     sums.add("micro_batches", len(parts), 1)  # forwards per rank in this step
     for k, part in enumerate(parts):
-        loss, stats = loss_fn(engine, [examples[mine[j]] for j in part], denom)
-        engine.backward(loss, last=k == len(parts) - 1)
-        engine.step()
+        loss, stats = loss_fn(trainer, [examples[mine[j]] for j in part], denom)
+        trainer.backward(loss, last=k == len(parts) - 1)
+        trainer.step()
         sums.add_all(stats)
 
 
-def held_out(engine: Engine, examples: list, loss_fn: LossFn, micro: int, prefix: str = "eval_") -> dict:
+def held_out(trainer: Trainer, examples: list, loss_fn: LossFn, micro: int, prefix: str = "eval_") -> dict:
     """The loss function's metrics over held-out examples (no gradient, eval mode), sharded over ranks."""
     info = dist.info()
     shard = examples[info.rank::info.world_size]
     sums = Sums()
-    with engine.evaluating():
+    with trainer.evaluating():
         for i in range(0, len(shard), micro):
-            sums.add_all(loss_fn(engine, shard[i:i + micro], 1.0)[1])
+            sums.add_all(loss_fn(trainer, shard[i:i + micro], 1.0)[1])
     return {prefix + name: value for name, value in sums.reduce().items()}
 
 
-def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn: Callable[[list], float],
+def supervised_loop(ctx: StageContext, trainer: Trainer, examples: list, count_fn: Callable[[list], float],
                     loss_fn: LossFn, evaluate: Callable[[], dict] | None = None, eval_every: int = 0) -> dict:
     """Train for train.max_steps optimizer steps; returns the last logged metrics.
 
@@ -265,14 +265,14 @@ def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn:
     not depend on micro-batch size or world size. loss_fn returns (loss, {name: (sum, count)})."""
     cfg, info = ctx.cfg, ctx.info
     train = cfg.train
-    start = maybe_resume(ctx, engine)
+    start = maybe_resume(ctx, trainer)
     tracker = Tracker(ctx.run_dir, cfg, info.is_main, train.max_steps, start)
     last: dict = {}
     sums = Sums()
     step_time, steps_since_log = 0.0, 0
     for step in range(start, train.max_steps):
         tic = time.time()
-        optimizer_step(engine, examples, step_indices(step, train.batch_size, len(examples), cfg.seed), count_fn,
+        optimizer_step(trainer, examples, step_indices(step, train.batch_size, len(examples), cfg.seed), count_fn,
                        loss_fn, train, sums)
         step_time += time.time() - tic
         steps_since_log += 1
@@ -280,15 +280,15 @@ def supervised_loop(ctx: StageContext, engine: Engine, examples: list, count_fn:
         tracker.advance()
         if done % train.log_every == 0 or done == train.max_steps:
             last = sums.reduce()
-            last.update(lr=engine.lr(), step_time_s=step_time / steps_since_log,
+            last.update(lr=trainer.lr(), step_time_s=step_time / steps_since_log,
                         samples_seen=done * samples_per_step(cfg))
-            if engine.grad_norm() is not None:
-                last["grad_norm"] = engine.grad_norm()
+            if trainer.grad_norm() is not None:
+                last["grad_norm"] = trainer.grad_norm()
             if evaluate is not None and eval_every and done % eval_every == 0 and done != train.max_steps:
                 last.update(evaluate())
             tracker.log(done, last)
             sums, step_time, steps_since_log = Sums(), 0.0, 0
-        save = lambda: engine.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": rng_state()},  # noqa: E731
+        save = lambda: trainer.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": rng_state()},  # noqa: E731
                                               train.keep_checkpoints)
         if train.save_every and done % train.save_every == 0 and done != train.max_steps:
             save()
@@ -326,10 +326,10 @@ def peak_memory_gb(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def finish(ctx: StageContext, engine: Engine, tokenizer, parent: str, summary: dict) -> None:
+def finish(ctx: StageContext, trainer: Trainer, tokenizer, parent: str, summary: dict) -> None:
     """Export final/ and write the manifest (last, so a crash leaves the stage incomplete); the summary
     gets each rank's peak memory (peak_memory_gb_per_rank, and their maximum)."""
-    engine.export_hf(ctx.run_dir / "final", tokenizer)
+    trainer.export_hf(ctx.run_dir / "final", tokenizer)
     per_rank = [round(x, 3) for x in dist.all_gather_object(peak_memory_gb(ctx.info.device))]
     summary.update(peak_memory_gb=max(per_rank), peak_memory_gb_per_rank=per_rank)
     if ctx.info.device.type == "cpu":  # the process's own share of a CPU peak (rlft.memory)

@@ -21,7 +21,7 @@ import torch
 from rlft import handoff
 from rlft.algos.preference import dpo_loss
 from rlft.data.encode import collate_padded, pad_to
-from rlft.engine import Engine, dist
+from rlft.trainer import Trainer, dist
 from rlft.models import load_model, load_tokenizer
 from rlft.rollout.logprobs import packed_logp, token_logp
 from rlft.stages import common, inputs, policy_data
@@ -61,10 +61,10 @@ def add_reference_logps(model, examples: list[dict], pad_id: int, micro: int, de
         ex["ref_chosen"], ex["ref_rejected"] = values[i]
 
 
-def dpo_step_loss(engine: Engine, examples: list[dict], num_pairs_global: float, pad_id: int, a, packed: bool = False):
-    s_w, s_l, len_w, len_l = pair_logps(engine, examples, pad_id, engine.device, packed)
-    ref_w = torch.tensor([ex["ref_chosen"] for ex in examples], device=engine.device)
-    ref_l = torch.tensor([ex["ref_rejected"] for ex in examples], device=engine.device)
+def dpo_step_loss(trainer: Trainer, examples: list[dict], num_pairs_global: float, pad_id: int, a, packed: bool = False):
+    s_w, s_l, len_w, len_l = pair_logps(trainer, examples, pad_id, trainer.device, packed)
+    ref_w = torch.tensor([ex["ref_chosen"] for ex in examples], device=trainer.device)
+    ref_l = torch.tensor([ex["ref_rejected"] for ex in examples], device=trainer.device)
     loss, m = dpo_loss(s_w, s_l, ref_w, ref_l, a.beta, a.length_normalize, len_w, len_l)
     n = float(len(examples))
     stats = {"loss": (loss.sum().item(), n), "reward_acc": (m["accuracy"].item() * n, n),
@@ -91,12 +91,12 @@ def run(cfg, ctx: common.StageContext) -> dict:
     add_reference_logps(model, train + test, pad, micro, ctx.info.device, packed)
     model.train()
     dist.print0(f"dpo: {len(train)} training and {len(test)} held-out pairs; reference log-probs cached")
-    engine = Engine(cfg, model)
+    trainer = Trainer(cfg, model)
     loss_fn = lambda e, x, d: dpo_step_loss(e, x, d, pad, algo, packed)  # noqa: E731
-    evaluate = (lambda: common.held_out(engine, test, loss_fn, micro)) if test else None
-    summary = common.supervised_loop(ctx, engine, train, len, loss_fn, evaluate, algo.eval_every)
+    evaluate = (lambda: common.held_out(trainer, test, loss_fn, micro)) if test else None
+    summary = common.supervised_loop(ctx, trainer, train, len, loss_fn, evaluate, algo.eval_every)
     summary.update(sampled, train_pairs=len(train))
-    common.finish(ctx, engine, tokenizer, parent, summary)
+    common.finish(ctx, trainer, tokenizer, parent, summary)
     return summary
 
 

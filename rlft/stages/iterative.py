@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from rlft.data import labels as L
 from rlft.data.encode import encode_prompt
-from rlft.engine import Engine, dist, save_hf_dir
+from rlft.trainer import Trainer, dist, save_hf_dir
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rollout.sampling import Sampling
@@ -144,15 +144,15 @@ def train_reward_model(it: "Iterations", kind: str, scorer, examples: list[dict]
     pad = scorer.tokenizer.pad_token_id
     loss_fn, count = LOSSES[kind]
     scorer.model.requires_grad_(True)
-    engine = Engine(rm_cfg, scorer.model)
+    trainer = Trainer(rm_cfg, scorer.model)
     losses = []
     for step in range(rm_cfg.train.max_steps):
         sums = common.Sums()
-        common.optimizer_step(engine, examples,
+        common.optimizer_step(trainer, examples,
                               common.step_indices(step, rm_cfg.train.batch_size, len(examples), it.cfg.seed + 17),
                               count, lambda e, x, d: loss_fn(e, x, d, pad), rm_cfg.train, sums)
         losses.append(sums.reduce()["loss"])
-    scorer.use(engine.module)
+    scorer.use(trainer.module)
     return {f"{kind}_retrain_loss_first": losses[0] if losses else float("nan"),
             f"{kind}_retrain_loss_last": losses[-1] if losses else float("nan"),
             f"{kind}_retrain_examples": len(examples)}

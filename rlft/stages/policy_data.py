@@ -26,7 +26,7 @@ import torch
 from rlft import envs, handoff
 from rlft.data import labels as L
 from rlft.data.encode import encode_pair, encode_prompts, encode_steps, prompt_budget
-from rlft.engine import dist
+from rlft.trainer import dist
 from rlft.envs import episodes
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps

@@ -19,23 +19,23 @@ import torch
 from rlft import handoff
 from rlft.algos.preference import bradley_terry_loss, prm_bce_loss
 from rlft.data.encode import collate_padded, pad_to
-from rlft.engine import Engine, dist
+from rlft.trainer import Trainer, dist
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
 from rlft.stages import common, inputs, policy_data
 
 
-def pair_scores(engine: Engine, examples: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_scores(trainer: Trainer, examples: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(r_chosen [N], r_rejected [N]): one forward over chosen and rejected sequences together."""
     seqs = [ex["chosen_ids"] for ex in examples] + [ex["rejected_ids"] for ex in examples]
     ids, attn = collate_padded(seqs, pad_id)
-    ids, attn = ids.to(engine.device), attn.to(engine.device)
-    scores = token_scores(engine.module, ids, attn)
+    ids, attn = ids.to(trainer.device), attn.to(trainer.device)
+    scores = token_scores(trainer.module, ids, attn)
     last = scores.gather(1, last_token_index(attn)[:, None]).squeeze(1)
     return last[:len(examples)], last[len(examples):]
 
 
-def rm_loss(engine: Engine, examples: list[dict], num_pairs_global: float, pad_id: int):
-    r_w, r_l = pair_scores(engine, examples, pad_id)
+def rm_loss(trainer: Trainer, examples: list[dict], num_pairs_global: float, pad_id: int):
+    r_w, r_l = pair_scores(trainer, examples, pad_id)
     loss = bradley_terry_loss(r_w, r_l)
     n = float(len(examples))
     stats = {"loss": (loss.sum().item(), n), "pair_acc": ((r_w > r_l).float().sum().item(), n),
@@ -43,18 +43,18 @@ def rm_loss(engine: Engine, examples: list[dict], num_pairs_global: float, pad_i
     return loss.sum() / num_pairs_global, stats
 
 
-def step_logits(engine: Engine, examples: list[dict], pad_id: int):
+def step_logits(trainer: Trainer, examples: list[dict], pad_id: int):
     """(logits [N, S], labels [N, S], mask [N, S]) at each step's last token."""
     ids, attn = collate_padded([ex["input_ids"] for ex in examples], pad_id)
-    scores = token_scores(engine.module, ids.to(engine.device), attn.to(engine.device))
-    positions = pad_to([ex["step_positions"] for ex in examples], 0).to(engine.device)
-    labels = pad_to([ex["step_labels"] for ex in examples], 0).to(engine.device)
-    mask = pad_to([[1] * len(ex["step_positions"]) for ex in examples], 0).to(engine.device)
+    scores = token_scores(trainer.module, ids.to(trainer.device), attn.to(trainer.device))
+    positions = pad_to([ex["step_positions"] for ex in examples], 0).to(trainer.device)
+    labels = pad_to([ex["step_labels"] for ex in examples], 0).to(trainer.device)
+    mask = pad_to([[1] * len(ex["step_positions"]) for ex in examples], 0).to(trainer.device)
     return scores.gather(1, positions), labels, mask
 
 
-def prm_loss(engine: Engine, examples: list[dict], num_steps_global: float, pad_id: int, good_weight: float = 1.0):
-    logits, labels, mask = step_logits(engine, examples, pad_id)
+def prm_loss(trainer: Trainer, examples: list[dict], num_steps_global: float, pad_id: int, good_weight: float = 1.0):
+    logits, labels, mask = step_logits(trainer, examples, pad_id)
     per_solution = prm_bce_loss(logits, labels, mask, reduction="sum", good_weight=good_weight)
     n_steps = mask.sum().item()
     correct = (((logits > 0).long() == labels).float() * mask).sum().item()
@@ -72,14 +72,14 @@ def prm_loss(engine: Engine, examples: list[dict], num_steps_global: float, pad_
     return per_solution.sum() / num_steps_global, stats
 
 
-def solution_pair_accuracy(engine: Engine, examples: list[dict], pad_id: int, micro: int) -> dict:
+def solution_pair_accuracy(trainer: Trainer, examples: list[dict], pad_id: int, micro: int) -> dict:
     """The PRM as an outcome verifier: its solution score (the minimum step logit, §2.2) of a correct sample
     against an incorrect sample of the same question, paired in order within each question as the RM's
     pairs are. Every rank scores every example (the same forwards on each rank, as ZeRO-3 requires)."""
     scores: list[float] = []
-    with engine.evaluating():
+    with trainer.evaluating():
         for i in range(0, len(examples), micro):
-            logits, _, mask = step_logits(engine, examples[i:i + micro], pad_id)
+            logits, _, mask = step_logits(trainer, examples[i:i + micro], pad_id)
             scores += torch.where(mask.bool(), logits, torch.full_like(logits, float("inf"))).min(-1).values.tolist()
     return paired_accuracy([ex["question"] for ex in examples], [ex["correct"] for ex in examples], scores)
 
@@ -146,19 +146,19 @@ def run(cfg, ctx: common.StageContext, head: str, examples, count_fn, loss) -> d
     loss_fn = lambda eng, exs, denom: loss(eng, exs, denom, pad)  # noqa: E731
     dist.print0(f"{head}: {len(train)} training and {len(test)} held-out examples"
                 + (f"; {train_info | test_info}" if train_info else ""))
-    engine = Engine(cfg, model)
+    trainer = Trainer(cfg, model)
     micro = cfg.train.micro_batch_per_device
 
     def evaluate() -> dict:
-        out = common.held_out(engine, test, loss_fn, micro)
+        out = common.held_out(trainer, test, loss_fn, micro)
         if head == "prm" and "correct" in test[0]:  # policy samples: the PRM's solution scores, paired
-            out.update(solution_pair_accuracy(engine, test, pad, micro))
+            out.update(solution_pair_accuracy(trainer, test, pad, micro))
         return out
 
-    summary = common.supervised_loop(ctx, engine, train, count_fn, loss_fn, evaluate if test else None,
+    summary = common.supervised_loop(ctx, trainer, train, count_fn, loss_fn, evaluate if test else None,
                                      cfg.algo.eval_every)
     summary.update(train_info, **test_info)
     if ctx.info.is_main:  # policy samples: the rows iterative RL replays (docs/algorithms.md §4)
         policy_data.save_rows(ctx.run_dir / policy_data.TRAIN_DATA, train)
-    common.finish(ctx, engine, tokenizer, parent, summary)
+    common.finish(ctx, trainer, tokenizer, parent, summary)
     return summary

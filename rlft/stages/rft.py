@@ -14,7 +14,7 @@ import torch
 
 from rlft import envs, handoff
 from rlft.data.encode import encode_prompts, prompt_budget
-from rlft.engine import Engine, dist
+from rlft.trainer import Trainer, dist
 from rlft.models import load_model, load_tokenizer
 from rlft.envs import episodes
 from rlft.rewards.scoring import RewardSet
@@ -86,9 +86,9 @@ def run(cfg, ctx: common.StageContext) -> dict:
         raise common.StageError("rft: no sampled completion passed the verifier; raise rollout.samples_per_prompt "
                            "or start from a stronger model")
     examples = samples
-    engine = Engine(cfg, model)
-    summary = common.supervised_loop(ctx, engine, examples, response_token_count,
+    trainer = Trainer(cfg, model)
+    summary = common.supervised_loop(ctx, trainer, examples, response_token_count,
                                      lambda e, x, d: sft_loss(e, x, d, tokenizer.pad_token_id, cfg.train.packing))
     summary.update(stats)
-    common.finish(ctx, engine, tokenizer, parent, summary)
+    common.finish(ctx, trainer, tokenizer, parent, summary)
     return summary

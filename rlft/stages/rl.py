@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from rlft.algos import AdaptiveKLController, frac_zero_std_groups
 from rlft.config.arithmetic import needs_reference, trains_critic
-from rlft.engine import Engine, dist, list_checkpoints
+from rlft.trainer import Trainer, dist, list_checkpoints
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardError
 from rlft.rollout import batch as rb
@@ -35,23 +35,23 @@ from rlft.stages.experience import Experience
 from rlft.stages.update import Update
 
 
-def build_critic(cfg, tokenizer) -> Engine:
+def build_critic(cfg, tokenizer) -> Trainer:
     """PPO's critic: a scalar head on every token, from the RM (or another model), own optimizer."""
     critic_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     critic_cfg.train.lr = cfg.critic.lr
     path = handoff.resolve_model_path(cfg, cfg.critic.init)
-    return Engine(critic_cfg, load_model(cfg.model, path, tokenizer, head="rm", seed=cfg.seed, trained=True))
+    return Trainer(critic_cfg, load_model(cfg.model, path, tokenizer, head="rm", seed=cfg.seed, trained=True))
 
 
-def load_reference(cfg, path: str, tokenizer) -> Engine:
+def load_reference(cfg, path: str, tokenizer) -> Trainer:
     """A frozen copy of the model at `path`: the KL anchor."""
-    return Engine(cfg, load_model(cfg.model, path, tokenizer, seed=cfg.seed), trainable=False)
+    return Trainer(cfg, load_model(cfg.model, path, tokenizer, seed=cfg.seed), trainable=False)
 
 
 class BaseModel:
     """The reference of a LoRA policy: the policy's forward with its adapter disabled (no second copy)."""
 
-    def __init__(self, policy: Engine):
+    def __init__(self, policy: Trainer):
         self.policy = policy
 
     @property
@@ -122,7 +122,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
-    policy = Engine(cfg, load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True))
+    policy = Trainer(cfg, load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True))
     reference = None
     if needs_reference(cfg):  # with LoRA the reference is the policy's own base weights (adapter off)
         reference = BaseModel(policy) if policy.has_adapter else load_reference(cfg, parent, tokenizer)

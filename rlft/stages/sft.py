@@ -12,8 +12,8 @@ import torch
 
 from rlft import handoff
 from rlft.data.encode import collate_padded, pad_to
-from rlft.engine import Engine
-from rlft.engine import dist
+from rlft.trainer import Trainer
+from rlft.trainer import dist
 from rlft.models import load_model, load_tokenizer
 from rlft.rollout.logprobs import forward_logits, packed_logp, response_start, selective_logp
 from rlft.stages import common, inputs
@@ -24,21 +24,21 @@ def response_token_count(examples: list[dict]) -> int:
     return sum(sum(ex["loss_mask"][1:]) for ex in examples)
 
 
-def sft_loss(engine: Engine, examples: list[dict], num_tokens_global: float, pad_id: int, packed: bool = False):
+def sft_loss(trainer: Trainer, examples: list[dict], num_tokens_global: float, pad_id: int, packed: bool = False):
     """Sum of response-token cross-entropy in this micro-batch / tokens in the whole step (`packed`: one
     padding-free forward, train.packing)."""
     ids, attn = collate_padded([ex["input_ids"] for ex in examples], pad_id)
     mask = pad_to([ex["loss_mask"] for ex in examples], 0)
-    ids, attn, mask = ids.to(engine.device), attn.to(engine.device), mask.to(engine.device)
+    ids, attn, mask = ids.to(trainer.device), attn.to(trainer.device), mask.to(trainer.device)
     target_mask = mask[:, 1:].float()
     if packed:
-        logp, extra = packed_logp(engine, ids, attn, target_mask, extras=("top1",))
+        logp, extra = packed_logp(trainer, ids, attn, target_mask, extras=("top1",))
         nll_sum = -(logp * target_mask).sum()
         correct = (extra["top1"] * target_mask).sum()
     else:
         # logits only from the first response column on, their fp32 log-softmax a chunk of rows at a time
         start = response_start(target_mask)
-        logits = forward_logits(engine, ids, attn, start)
+        logits = forward_logits(trainer, ids, attn, start)
         logp = torch.cat([logits.new_zeros(len(ids), start, dtype=torch.float32),
                           selective_logp(logits, ids[:, start + 1:])], 1)
         nll_sum = -(logp * target_mask).sum()
@@ -60,10 +60,10 @@ def run(cfg, ctx: common.StageContext) -> dict:
     dist.print0(f"sft: {len(train)} training examples, "
                 f"{sum(ex['truncated'] for ex in train)} truncated at train.max_seq_len={cfg.train.max_seq_len}")
     test = inputs.sft_examples(cfg, tokenizer, "test")[:256]
-    engine = Engine(cfg, model)
+    trainer = Trainer(cfg, model)
 
     loss_fn = lambda eng, exs, denom: sft_loss(eng, exs, denom, tokenizer.pad_token_id, cfg.train.packing)  # noqa: E731
-    evaluate = (lambda: common.held_out(engine, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
-    summary = common.supervised_loop(ctx, engine, train, response_token_count, loss_fn, evaluate=evaluate)
-    common.finish(ctx, engine, tokenizer, parent, summary)
+    evaluate = (lambda: common.held_out(trainer, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
+    summary = common.supervised_loop(ctx, trainer, train, response_token_count, loss_fn, evaluate=evaluate)
+    common.finish(ctx, trainer, tokenizer, parent, summary)
     return summary

@@ -19,7 +19,7 @@ import torch
 from rlft.algos import (AGGREGATIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES, AggDenominator, PairBatch,
                         PairCounts, PairLossConfig, PolicyLossConfig)
 from rlft.algos.value import value_loss
-from rlft.engine import dist
+from rlft.trainer import dist
 from rlft.microbatch import rollout_groups
 from rlft.models import token_scores
 from rlft.rollout import batch as rb

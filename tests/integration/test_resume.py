@@ -5,7 +5,7 @@
     rlft train algo=sft run.name=resumed ... resume=true                           (finishes steps 9-12)
 
 The tiny model trains a step in milliseconds, too fast to kill at a chosen point, so the run to
-be killed goes through a driver that sleeps 0.15 s in each `Engine.step` call (a pure delay;
+be killed goes through a driver that sleeps 0.15 s in each `Trainer.step` call (a pure delay;
 nothing computed changes). The resumed run is the plain CLI. The schedule (warm-up, then cosine
 at lr=1e-2) makes the optimizer and scheduler state matter: restoring only the weights would
 give different final weights.
@@ -29,7 +29,7 @@ ARGS = ["train", "algo=sft", *TINY, "train.max_steps=12", "train.save_every=4", 
 
 SLOW_DRIVER = r"""
 import sys, time
-import rlft.engine as engine
+import rlft.trainer as engine
 _step = engine.Engine.step
 def step(self):
     time.sleep(0.15)

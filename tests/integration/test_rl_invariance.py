@@ -5,13 +5,13 @@ one all-equal group, some truncated completions) goes through the real code: the
 composed with Hydra and validated (train.batch_size derived), Experience.prepare computes the
 reference log-probs (a perturbed copy of the model, so the k3 KL term has a gradient with
 kl_coef=0.04), old log-probs when the batch is reused, and registry advantages; then
-rlft.stages.update.update_policy steps a DeepSpeed Engine. Each configuration runs in a worker
+rlft.stages.update.update_policy steps a Trainer (DeepSpeed). Each configuration runs in a worker
 started with `torch.distributed.run` (gloo, CPU); rank r takes its share of every minibatch's
 prompts (experience.minibatch_shard) with their G samples, as the RL loop does, and rank 0 saves engine.full_state_dict().
 
 Power: the updates are large (> 1e-4 from the initial weights), and a deliberately broken
 normalisation (each micro-batch aggregated with its own counts) is shown to differ. Updates
-with plain SGD (the AdamW of rlft.engine swapped for SGD inside the worker) make the weight
+with plain SGD (the AdamW of rlft.trainer swapped for SGD inside the worker) make the weight
 change proportional to the gradient, so even a global rescaling of the loss shows; AdamW's
 first step is nearly scale-free, which is why the AdamW cases alone would be weak.
 """
@@ -44,7 +44,7 @@ from rlft.config.schema import register_schemas
 from rlft.config.validate import validate
 from rlft.overrides import conf_dir
 from rlft.data.tokenizer import build_char_tokenizer
-from rlft.engine import Engine, dist
+from rlft.trainer import Trainer, dist
 from rlft.models import load_model
 from rlft.rollout import batch as rb
 from rlft.stages import experience, update
@@ -139,8 +139,8 @@ for case in cases:
             for p in ref_model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
         initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        policy = Engine(cfg, model)
-        ref = Engine(cfg, ref_model, trainable=False)
+        policy = Trainer(cfg, model)
+        ref = Trainer(cfg, ref_model, trainable=False)
         ro = rank_rollout(info.rank, cfg.algo.minibatches_per_rollout)
         experience.Experience(cfg, info, tok, policy, reference=ref).prepare(ro, cfg.algo.kl_coef)
         assert ro.get("ref_logp") is not None

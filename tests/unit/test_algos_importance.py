@@ -1,4 +1,4 @@
-"""Engine-mismatch importance sampling (rlft/algos/importance.py) and GSPO, against worked vectors.
+"""Trainer-mismatch importance sampling (rlft/algos/importance.py) and GSPO, against worked vectors.
 
 Vectors (worked by hand below):
     old    = [[-1.0, -2.0, -0.5], [-0.3, -1.2, 0.0]]

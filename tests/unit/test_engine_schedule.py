@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlft.engine import last_step_lr, make_scheduler
+from rlft.trainer import last_step_lr, make_scheduler
 from rlft.microbatch import fixed
 from rlft.stages.common import rank_share, step_indices
 

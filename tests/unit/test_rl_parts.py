@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlft.algos import AGGREGATIONS, agg_denominator
-from rlft.engine import dist
+from rlft.trainer import dist
 from rlft.rollout import batch as rb
 from rlft.stages import rft
 from rlft.stages import experience, rl, update
@@ -21,7 +21,7 @@ PAD, EOS = 0, 2
 
 @pytest.fixture(scope="module")
 def one_rank():
-    """A real gloo process group of world size 1 (rlft.engine.dist.init), torn down afterwards."""
+    """A real gloo process group of world size 1 (rlft.trainer.dist.init), torn down afterwards."""
     if dist._INFO is not None:  # another test already joined a group in this process
         yield dist._INFO
         return

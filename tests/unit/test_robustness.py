@@ -15,7 +15,7 @@ import pytest
 from rlft import rundir
 from rlft.errors import ConfigError, StageError
 from rlft.data.loading import DataError, map_fields, to_preference_rows, to_sft_rows
-from rlft.engine.integrity import damage, verified, write_checksums
+from rlft.trainer.integrity import damage, verified, write_checksums
 from rlft.stages import inputs
 from rlft.stages.common import config_changes
 

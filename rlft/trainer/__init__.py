@@ -1,6 +1,6 @@
 """The training engine: the only place that imports deepspeed.
 
-`Engine` wraps a DeepSpeed engine (ZeRO 0-3, fp32/bf16, gradient accumulation, clipping,
+`Trainer` wraps a DeepSpeed engine (ZeRO 0-3, fp32/bf16, gradient accumulation, clipping,
 warm-up + decay schedule) and adds what the stages need around it: resumable checkpoints
 written atomically, Hugging Face export of the full weights (gathered under ZeRO-3), and
 a context that gathers ZeRO-3 parameters once for a whole generation phase.
@@ -23,8 +23,8 @@ import torch
 
 from rlft import lora
 from rlft.config.arithmetic import grad_accum_steps
-from rlft.engine import dist
-from rlft.engine.integrity import write_checksums
+from rlft.trainer import dist
+from rlft.trainer.integrity import write_checksums
 from rlft.errors import DiskFullError, NonFiniteError
 
 
@@ -101,7 +101,7 @@ def make_optimizer(params, t, offload: bool) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, **kwargs)
 
 
-class Engine:
+class Trainer:
     """A model under DeepSpeed, with or without an optimizer (frozen models: trainable=False)."""
 
     def __init__(self, cfg, model: torch.nn.Module, trainable: bool = True):
@@ -274,7 +274,7 @@ class Engine:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, ckpt_root: Path, step: int, client_state: dict, keep: int,
-                        companions: dict[str, "Engine"] | None = None) -> Path:
+                        companions: dict[str, "Trainer"] | None = None) -> Path:
         """Resumable state (weights, optimizer, scheduler, client_state) to ckpt_root/step-N, atomically.
 
         `companions` (e.g. PPO's critic) are saved in the same checkpoint, under <name>/, before
@@ -320,7 +320,7 @@ class Engine:
         dist.barrier()
         return final
 
-    def load_checkpoint(self, path: Path, companions: dict[str, "Engine"] | None = None) -> dict:
+    def load_checkpoint(self, path: Path, companions: dict[str, "Trainer"] | None = None) -> dict:
         """Restore a checkpoint written by save_checkpoint (and its companions); returns its client_state."""
         _, client_state = self.ds.load_checkpoint(str(path), tag="state", load_optimizer_states=True,
                                                   load_lr_scheduler_states=True, load_module_strict=not self.has_adapter)
