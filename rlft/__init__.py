@@ -1,8 +1,8 @@
 """rlft: post-training for causal language models (SFT, reward models, GRPO, PPO, P3O, DPO, RFT).
 
 Command line: `rlft --help`. Layout: config/ (schema, validation), cli.py/launch.py/worker.py (driver and
-ranks), trainer/ (DeepSpeed), stages/ (recipes), algos/ (pure loss and advantage functions),
-data/ (tasks, loading, tokenisation), rollout/ (generation), rewards/, eval/.
+ranks), trainer/ (DeepSpeed), files/ (a run on disk), stages/ (recipes), algos/ (pure loss and advantage
+functions), data/ (tasks, loading, tokenisation), rollout/ (generation), rewards/, eval/.
 """
 import logging
 

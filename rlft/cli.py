@@ -45,8 +45,8 @@ def fail(message: str, code: int = 2) -> None:
 
 def _train_job(cfg) -> float | None:
     """One training job; returns run.objective from its summary (what a search sweeper optimises)."""
-    from rlft import handoff
     from rlft.config.validate import validate
+    from rlft.files import handoff
     from rlft.launch import job_dir, launch_train
     from rlft.sweep import objective_value
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlft import handoff, rundir, signals
+from rlft import signals
 from rlft.config.algorithms import algo_spec
 from rlft.config.arithmetic import grad_accum_steps, trains_critic
 from rlft.errors import LaunchError, RankUserError
+from rlft.files import handoff, rundir
 
 
 def job_dir(cfg) -> Path:
@@ -205,7 +206,7 @@ def rank_command(cfg, cfg_path: Path) -> list[str]:
     ds_opts = cfg.deepspeed
     port = ds_opts.master_port
     if port == 0:
-        from rlft.trainer.dist import free_port
+        from rlft.dist import free_port
 
         port = free_port()
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ds_opts.nproc_per_node}",

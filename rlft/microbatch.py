@@ -76,7 +76,7 @@ def plan(items: Sequence[Item], micro_batch: int, max_tokens: int, packed: bool,
         return fixed(len(items), micro_batch)
     groups = by_tokens(items, max_tokens, packed)
     if agree:
-        from rlft.trainer import dist
+        from rlft import dist
 
         if dist.info().world_size > 1:
             groups = split_to(groups, int(dist.all_reduce_max([float(len(groups))])[0]))

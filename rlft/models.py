@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from rlft import lora
-from rlft.handoff import BUILTIN_MODEL
+from rlft.files.handoff import BUILTIN_MODEL
 
 HEADS = ("causal_lm", "rm", "prm")
 
@@ -100,7 +100,7 @@ def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm"
     else:
         kwargs = {"num_labels": 1} if head != "causal_lm" else {}
         if quantize:
-            from rlft.trainer import dist
+            from rlft import dist
 
             kwargs.update(quantization_config=lora.quantization_config(dtype), device_map={"": dist.info().device})
         model = auto.from_pretrained(resolved_path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code,

@@ -53,7 +53,7 @@ def requested() -> str | None:
 
 def stop_requested() -> str | None:
     """Whether any rank was asked to stop (collective: every rank must call it at the same point)."""
-    from rlft.trainer import dist
+    from rlft import dist
 
     flag = dist.all_reduce_max([1.0 if _requested else 0.0])[0]
     return (_requested or "a signal to another rank") if flag else None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from rlft import handoff
+from rlft.files import handoff
 
 # summary keys worth a column when present, in this order; the rest follow alphabetically
 LEADING = ["eval_greedy_accuracy", "eval_loss", "eval_pair_accuracy", "reward", "kl", "loss", "response_len"]

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 def run_stage(cfg) -> dict:
     """Join the process group and run the configured stage on this rank."""
-    from rlft.trainer import dist
+    from rlft import dist
     from rlft.stages import run_stage_function
     from rlft.stages.common import StageContext
 
@@ -24,9 +24,8 @@ def main(argv: list[str]) -> None:
     argv = [a for a in argv if not a.startswith("--local_rank")]
     if len(argv) != 1:
         raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
-    from rlft import signals
+    from rlft import dist, signals
     from rlft.errors import USER_ERRORS, Interrupted
-    from rlft.trainer import dist
 
     signals.die_with_parent()  # the launcher's death (however it died) stops this rank
     signals.install()

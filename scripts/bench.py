@@ -109,7 +109,6 @@ def rlft_config(args):
     from hydra import compose, initialize_config_dir
 
     from rlft.config.schema import register_schemas
-
     from rlft.config.validate import validate
     from rlft.overrides import conf_dir
 
@@ -156,12 +155,13 @@ def run_rlft(args) -> dict:
     runs them, on the benchmark's prompts and rewards."""
     import torch
 
-    from rlft.trainer import Trainer, dist
+    from rlft import dist
     from rlft.rewards.scoring import RewardSet
     from rlft.rollout.generate import Sampling, build_engine
     from rlft.stages.common import Sums
     from rlft.stages.experience import Experience, is_correction
     from rlft.stages.update import Update
+    from rlft.trainer import Trainer
 
     cfg = rlft_config(args)
     info = dist.init(cfg.deepspeed)

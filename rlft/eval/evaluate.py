@@ -27,13 +27,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from rlft import envs, handoff
+from rlft import envs
+from rlft.data.encode import encode_prompts, prompt_budget
+from rlft.data.loading import DataError
 from rlft.envs import episodes
 from rlft.errors import ConfigError
-from rlft.data.loading import DataError
-from rlft.data.encode import encode_prompts, prompt_budget
-from rlft.eval.metrics import maj_at_k_votes, pass_at_k
 from rlft.eval.compare import write_comparison
+from rlft.eval.metrics import maj_at_k_votes, pass_at_k
+from rlft.files import handoff
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet, ScoringModel
 from rlft.rollout import batch as rb

@@ -20,10 +20,9 @@ from typing import Callable
 import torch
 
 from rlft.algos.preference import solution_score_min
-
-from rlft import handoff
 from rlft.data.encode import collate_padded, encode_steps, pad_to
 from rlft.errors import RewardError
+from rlft.files import handoff
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
 from rlft.registry import UnknownNameError, import_path
 from rlft.rewards.verifiers import REWARD_FUNCTIONS

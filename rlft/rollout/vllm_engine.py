@@ -105,7 +105,7 @@ class VLLMEngine:
         torch.set_num_threads(threads)
         # the engine lives as long as the process group: closed by dist.shutdown before the group
         # goes (vLLM's own teardown destroys the default process group, so it must not run earlier)
-        from rlft.trainer import dist
+        from rlft import dist
 
         dist.at_shutdown(self.close)
         self.sleep()

@@ -6,7 +6,6 @@ rank's share of the global batch, accumulate micro-batch gradients, step, log, c
 """
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import time
@@ -17,13 +16,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from rlft import handoff, microbatch, signals
+from rlft import dist, microbatch, signals
 from rlft.config.arithmetic import samples_per_step
-from rlft.config.schema import RENAMED_SECTIONS
-from rlft.trainer import CHECKPOINT_CONFIG, Trainer, dist, list_checkpoints
-from rlft.trainer.integrity import damage
 from rlft.errors import Interrupted, StageError
+from rlft.files import checkpoints, handoff
 from rlft.tracking import Tracker
+from rlft.trainer import Trainer
 
 
 @dataclass
@@ -94,41 +92,16 @@ def maybe_resume(ctx: StageContext, trainer: Trainer) -> int:
     return int(resume_state(ctx, trainer).get("step", 0))
 
 
-def intact_checkpoint(ckpt_root: Path) -> Path | None:
-    """The newest checkpoint that matches its checksums, saying which newer ones were skipped and why
-    (the main rank checks; every rank gets its answer). None when there is no checkpoint; StageError
-    when there are checkpoints but none is intact."""
-    problems: list[str] = []
-    choice = None
-    if dist.info().is_main:
-        for path in reversed(list_checkpoints(ckpt_root)):
-            problem = damage(path)
-            if problem is None:
-                choice = str(path)
-                break
-            problems.append(f"{path.name}: {problem}")
-    choice, problems = dist.all_gather_object((choice, problems))[0]
-    for line in problems:
-        dist.print0(f"[rlft] skipping damaged checkpoint {ckpt_root}/{line}")
-    if choice is None and problems:
-        raise StageError(f"no intact checkpoint under {ckpt_root} ({'; '.join(problems)}); "
-                         "rerun without resume=true to start the stage over")
-    if choice is not None and problems:
-        dist.print0(f"[rlft] resuming from the newest intact checkpoint, {choice}")
-    return Path(choice) if choice else None
-
-
 def resume_state(ctx: StageContext, trainer: Trainer, companions: dict | None = None) -> dict:
     """Load the newest intact checkpoint when resume=true (RNG restored, companion engines too);
     returns its client state ({} when starting fresh): the step and whatever else the stage saved."""
     if not ctx.cfg.resume:
         return {}
-    path = intact_checkpoint(ctx.ckpt_root)
+    path = checkpoints.intact_checkpoint(ctx.ckpt_root)
     if path is None:
         dist.print0(f"resume=true but no checkpoint under {ctx.ckpt_root}; starting from step 0")
         return {}
-    saved = path / CHECKPOINT_CONFIG
-    check_resume_config(json.loads(saved.read_text()) if saved.is_file() else None, ctx.cfg, path)
+    checkpoints.check_resume_config(checkpoints.saved_config(path), ctx.cfg, path)
     try:
         state = trainer.load_checkpoint(path, companions)
     except Exception as exc:  # a checkpoint without checksums (older rlft) can still be unreadable
@@ -137,54 +110,6 @@ def resume_state(ctx: StageContext, trainer: Trainer, companions: dict | None = 
     set_rng_state(state["rng"])
     dist.print0(f"resumed from {path} at step {state['step']}")
     return state
-
-
-# Keys that do not change what is trained: free to differ on resume (max_steps may grow to extend a run).
-RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.max_samples",
-               "train.log_every", "train.save_every",
-               "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite_steps", "train.save_on_signal",
-               "logger", "eval", "run.objective", "run.dir", "deepspeed.threads_per_rank", "deepspeed.master_addr",
-               "deepspeed.master_port", "algo.eval_every", "algo.eval_problems", "rollout.vllm.gpu_memory_utilization",
-               "rollout.vllm.sleep", "rollout.vllm.sleep_level", "rollout.vllm.enforce_eager", "rollout.batch_size")
-
-
-def flatten(tree, prefix: str = "") -> dict:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
-def config_changes(saved: dict, now: dict, allowed: tuple) -> list[str]:
-    """`key: old -> new` for every key that differs and is not under an allowed prefix."""
-    before, after = flatten(saved), flatten(now)
-    free = lambda key: any(key == a or key.startswith(a + ".") for a in allowed)  # noqa: E731
-    return [f"{k}: {before.get(k, '(absent)')} -> {after.get(k, '(absent)')}"
-            for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k) and not free(k)]
-
-
-def check_resume_config(saved: dict | None, cfg, path: Path) -> None:
-    """Refuse a resume whose config changed what the checkpoint was trained with (unless the keys
-    are listed in resume_allow_changes, which is then said)."""
-    from omegaconf import OmegaConf
-
-    if saved is None:
-        dist.print0(f"[rlft] {path} records no config (older rlft): the resumed config is not compared")
-        return
-    now = OmegaConf.to_container(cfg, resolve=True)
-    saved = {RENAMED_SECTIONS.get(key, key): value for key, value in saved.items()}
-    changed = config_changes(saved, now, RESUME_FREE)
-    accepted = [c for c in changed if any(c.split(":")[0] == a or c.startswith(a + ".")
-                                          for a in map(str, cfg.resume_allow_changes))]
-    refused = [c for c in changed if c not in accepted]
-    if refused:
-        keys = ",".join(c.split(":")[0] for c in refused)
-        raise StageError(f"resume=true with a config that differs from the checkpoint's ({'; '.join(refused)}); "
-                         f"rerun with the checkpoint's values, or accept them with resume_allow_changes=[{keys}]")
-    for change in accepted:
-        dist.print0(f"[rlft] resumed with a changed config (resume_allow_changes): {change}")
 
 
 class Sums:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from rlft import handoff
+from rlft import dist
 from rlft.algos.preference import dpo_loss
 from rlft.data.encode import collate_padded, pad_to
-from rlft.trainer import Trainer, dist
+from rlft.files import handoff
 from rlft.models import load_model, load_tokenizer
 from rlft.rollout.logprobs import packed_logp, token_logp
 from rlft.stages import common, inputs, policy_data
+from rlft.trainer import Trainer
 
 
 def pair_logps(model, examples: list[dict], pad_id: int, device, packed: bool = False) -> tuple[

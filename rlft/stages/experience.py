@@ -21,11 +21,10 @@ from contextlib import contextmanager
 
 import torch
 
-from rlft import envs
+from rlft import dist, envs
 from rlft.algos import (ADVANTAGES, IS_CORRECTIONS, AdvantageConfig, AdvantageInputs, ISConfig,
                         dynamic_sampling_keep_mask, pair_rollout_inputs)
 from rlft.data.encode import encode_prompts, prompt_budget
-from rlft.trainer import dist
 from rlft.envs import episodes
 from rlft.microbatch import rollout_groups
 from rlft.models import token_scores

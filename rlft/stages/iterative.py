@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import random
 
-
 from omegaconf import OmegaConf
 
+from rlft import dist
 from rlft.data import labels as L
 from rlft.data.encode import encode_prompt
-from rlft.trainer import Trainer, dist, save_hf_dir
+from rlft.files.handoff import save_hf_dir
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rollout.sampling import Sampling
 from rlft.stages import common, inputs, policy_data
 from rlft.stages.reward import prm_loss, rm_loss, step_count
+from rlft.trainer import Trainer
 
 
 def sample_records(env, ro) -> list[dict]:

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from rlft import envs, handoff
+from rlft import dist, envs
 from rlft.data import labels as L
 from rlft.data.encode import encode_pair, encode_prompts, encode_steps, prompt_budget
-from rlft.trainer import dist
 from rlft.envs import episodes
+from rlft.files import handoff
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rollout.generate import Frozen, Sampling, build_engine

@@ -16,12 +16,13 @@ import functools
 
 import torch
 
-from rlft import handoff
+from rlft import dist
 from rlft.algos.preference import bradley_terry_loss, prm_bce_loss
 from rlft.data.encode import collate_padded, pad_to
-from rlft.trainer import Trainer, dist
+from rlft.files import handoff
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
 from rlft.stages import common, inputs, policy_data
+from rlft.trainer import Trainer
 
 
 def pair_scores(trainer: Trainer, examples: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

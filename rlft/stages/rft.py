@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from rlft import envs, handoff
+from rlft import dist, envs
 from rlft.data.encode import encode_prompts, prompt_budget
-from rlft.trainer import Trainer, dist
-from rlft.models import load_model, load_tokenizer
 from rlft.envs import episodes
+from rlft.files import handoff
+from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout.generate import Frozen, Sampling, build_engine
 from rlft.stages import common, inputs
 from rlft.stages.sft import response_token_count, sft_loss
+from rlft.trainer import Trainer
 
 
 def dedupe(samples: list[tuple]) -> list[tuple]:

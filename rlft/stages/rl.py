@@ -20,19 +20,20 @@ from __future__ import annotations
 import time
 
 import torch
-
-from rlft import handoff
 from omegaconf import OmegaConf
 
+from rlft import dist
 from rlft.algos import AdaptiveKLController, frac_zero_std_groups
 from rlft.config.arithmetic import needs_reference, trains_critic
-from rlft.trainer import Trainer, dist, list_checkpoints
+from rlft.files import handoff
+from rlft.files.checkpoints import list_checkpoints
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardError
 from rlft.rollout import batch as rb
 from rlft.stages import common, iterative
 from rlft.stages.experience import Experience
 from rlft.stages.update import Update
+from rlft.trainer import Trainer
 
 
 def build_critic(cfg, tokenizer) -> Trainer:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from rlft import handoff
+from rlft import dist
 from rlft.data.encode import collate_padded, pad_to
-from rlft.trainer import Trainer
-from rlft.trainer import dist
+from rlft.files import handoff
 from rlft.models import load_model, load_tokenizer
 from rlft.rollout.logprobs import forward_logits, packed_logp, response_start, selective_logp
 from rlft.stages import common, inputs
+from rlft.trainer import Trainer
 
 
 def response_token_count(examples: list[dict]) -> int:

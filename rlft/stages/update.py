@@ -16,14 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
+from rlft import dist
 from rlft.algos import (AGGREGATIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES, AggDenominator, PairBatch,
                         PairCounts, PairLossConfig, PolicyLossConfig)
 from rlft.algos.value import value_loss
-from rlft.trainer import dist
 from rlft.microbatch import rollout_groups
 from rlft.models import token_scores
 from rlft.rollout import batch as rb
-from rlft.rollout.logprobs import chunk_rows, forward_logits, packed_logp, padding_fraction, response_start, selective_logp
+from rlft.rollout.logprobs import (chunk_rows, forward_logits, packed_logp, padding_fraction, response_start,
+                                   selective_logp)
 from rlft.stages.common import Sums
 
 

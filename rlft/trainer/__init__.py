@@ -1,9 +1,10 @@
-"""The training engine: the only place that imports deepspeed.
+"""The trainer: the only place that imports deepspeed.
 
 `Trainer` wraps a DeepSpeed engine (ZeRO 0-3, fp32/bf16, gradient accumulation, clipping,
-warm-up + decay schedule) and adds what the stages need around it: resumable checkpoints
-written atomically, Hugging Face export of the full weights (gathered under ZeRO-3), and
-a context that gathers ZeRO-3 parameters once for a whole generation phase.
+warm-up + decay schedule) and adds what the stages need around it: saving and loading the DeepSpeed
+state of a resumable checkpoint (its folder, checksums and the rest are rlft/files), the full weights
+for a Hugging Face export (gathered under ZeRO-3), and a context that gathers ZeRO-3 parameters once for
+a whole generation phase.
 
 Loss scaling contract: a stage computes, per micro-batch, `sum of per-item losses / global
 count of items in the optimizer step` (see rlft.algos aggregation) and calls `backward`.
@@ -14,21 +15,16 @@ the full-batch loss, whatever the micro-batch size or number of ranks.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from rlft import lora
+from rlft import dist, lora
 from rlft.config.arithmetic import grad_accum_steps
-from rlft.trainer import dist
-from rlft.trainer.integrity import write_checksums
-from rlft.errors import DiskFullError, NonFiniteError
-
-
-CHECKPOINT_CONFIG = "config.json"
+from rlft.errors import NonFiniteError
+from rlft.files import checkpoints
+from rlft.files.handoff import save_hf_dir
+from rlft.files.integrity import raise_if_disk_full
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, t) -> torch.optim.lr_scheduler.LambdaLR:
@@ -256,7 +252,7 @@ class Trainer:
             yield name, full
 
     def state_bytes(self) -> int:
-        """Bytes of this engine's resumable state on all ranks, roughly: fp32 weights and, when it trains,
+        """Bytes of this trainer's resumable state on all ranks, roughly: fp32 weights and, when it trains,
         Adam's two fp32 moments (and bf16 copies); a LoRA run's checkpoints hold only what trains."""
         params = [p for p in self.module.parameters() if p.requires_grad or not self.has_adapter]
         numel = sum(getattr(p, "ds_numel", p.numel()) for p in params)
@@ -275,60 +271,42 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, ckpt_root: Path, step: int, client_state: dict, keep: int,
                         companions: dict[str, "Trainer"] | None = None) -> Path:
-        """Resumable state (weights, optimizer, scheduler, client_state) to ckpt_root/step-N, atomically.
+        """Resumable state (weights, optimizer, scheduler, client_state) to ckpt_root/step-N, atomically
+        (rlft/files/checkpoints.py: the temporary folder, the config, checksums, the rename and pruning).
 
         `companions` (e.g. PPO's critic) are saved in the same checkpoint, under <name>/, before
-        the rename, so a checkpoint either holds every engine or does not exist."""
-        final = ckpt_root / f"step-{step:07d}"
-        tmp = ckpt_root / f".tmp-step-{step:07d}"
+        the rename, so a checkpoint either holds every trainer or does not exist."""
         if not self.weights_finite():
-            kept = list_checkpoints(ckpt_root)
+            kept = checkpoints.list_checkpoints(ckpt_root)
             raise NonFiniteError(f"the weights are not finite (NaN or inf) at step {step}; no checkpoint written"
                                  + (f", the last good one is {kept[-1]}" if kept else "")
                                  + "; lower train.lr or check the data")
-        engines = [self, *(companions or {}).values()]
-        short = space_shortage(ckpt_root, last_checkpoint_bytes(ckpt_root) or sum(e.state_bytes() for e in engines),
-                               f"checkpoint step-{step:07d}")
-        if dist.all_reduce_max([float(short is not None)])[0]:  # every rank stops together
-            raise DiskFullError(short or "not enough disk space for a checkpoint on another rank")
-        if self.info.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier()
+        trainers = [self, *(companions or {}).values()]
+        tmp = checkpoints.start_checkpoint(ckpt_root, step, sum(t.state_bytes() for t in trainers))
         try:
             # a LoRA run saves only what trains (the adapter, a reward head): the frozen base comes from model.path
             self.ds.save_checkpoint(str(tmp), tag="state", client_state=client_state, save_latest=False,
                                     exclude_frozen_parameters=self.has_adapter)
-            for name, engine in (companions or {}).items():
-                engine.ds.save_checkpoint(str(tmp / name), tag="state", client_state={}, save_latest=False,
-                                          exclude_frozen_parameters=engine.has_adapter)
+            for name, companion in (companions or {}).items():
+                companion.ds.save_checkpoint(str(tmp / name), tag="state", client_state={}, save_latest=False,
+                                             exclude_frozen_parameters=companion.has_adapter)
         except (OSError, RuntimeError) as exc:
             raise_if_disk_full(exc, tmp, f"checkpoint step-{step:07d}")
             raise
         dist.barrier()
-        if self.info.is_main:
-            from omegaconf import OmegaConf
-
-            # the config it was trained with, read before a resume loads anything (rlft.stages.common)
-            (tmp / CHECKPOINT_CONFIG).write_text(json.dumps(OmegaConf.to_container(self.cfg, resolve=True),
-                                                            default=str))
-            write_checksums(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            for old in list_checkpoints(ckpt_root)[:-keep] if keep > 0 else []:
-                shutil.rmtree(old, ignore_errors=True)
+        final = checkpoints.commit_checkpoint(tmp, step, self.cfg, keep) if self.info.is_main else None
         dist.barrier()
-        return final
+        return final or ckpt_root / f"step-{step:07d}"
 
     def load_checkpoint(self, path: Path, companions: dict[str, "Trainer"] | None = None) -> dict:
         """Restore a checkpoint written by save_checkpoint (and its companions); returns its client_state."""
         _, client_state = self.ds.load_checkpoint(str(path), tag="state", load_optimizer_states=True,
                                                   load_lr_scheduler_states=True, load_module_strict=not self.has_adapter)
-        for name, engine in (companions or {}).items():
+        for name, companion in (companions or {}).items():
             if not (Path(path) / name).is_dir():
                 raise RuntimeError(f"checkpoint {path} has no {name}/ state; it was written without the {name}")
-            engine.ds.load_checkpoint(str(Path(path) / name), tag="state", load_optimizer_states=True,
-                                      load_lr_scheduler_states=True, load_module_strict=not engine.has_adapter)
+            companion.ds.load_checkpoint(str(Path(path) / name), tag="state", load_optimizer_states=True,
+                                         load_lr_scheduler_states=True, load_module_strict=not companion.has_adapter)
         return client_state or {}
 
     def full_state_dict(self) -> dict | None:
@@ -372,74 +350,3 @@ class Trainer:
                 out_dir = Path(out_dir)
                 lora.save_adapter(self.module, adapter, out_dir.with_name(out_dir.name + "-adapter"))
         dist.barrier()
-
-
-def save_hf_dir(model, state_dict, tokenizer, out_dir: Path) -> None:
-    """save_pretrained into a temporary sibling, then rename over out_dir."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    weights = state_dict if state_dict is not None else model.state_dict()
-    short = space_shortage(tmp.parent, sum(v.numel() * v.element_size() for v in weights.values()), str(out_dir))
-    if short:
-        raise DiskFullError(short)
-    try:
-        with lora.unquantized_view(model):  # QLoRA: the state dict is dequantized; save it as a plain model
-            model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        write_checksums(tmp)
-    except (OSError, RuntimeError) as exc:
-        raise_if_disk_full(exc, tmp, str(out_dir))
-        raise
-    replace_dir(tmp, out_dir)
-
-
-def space_shortage(directory: Path, need_bytes: int, what: str) -> str | None:
-    """The one-line reason not to start writing `what` (about need_bytes) under `directory`: its file
-    system has less free space than that plus 10%. None when it fits."""
-    directory = Path(directory)
-    while not directory.exists():
-        directory = directory.parent
-    free = shutil.disk_usage(directory).free
-    if free >= 1.1 * need_bytes:
-        return None
-    return (f"not enough disk space for {what}: about {need_bytes / 2**20:.1f} MiB needed, {free / 2**20:.1f} MiB "
-            f"free at {directory}; free some space and rerun with resume=true (a checkpoint is written beside the "
-            f"kept ones before the oldest is removed)")
-
-
-def raise_if_disk_full(exc: Exception, tmp: Path, what: str) -> None:
-    """A write that failed for lack of space (ENOSPC, or torch's 'unexpected pos' when the disk filled
-    mid-file): remove the partial copy and raise a one-line DiskFullError."""
-    import errno
-
-    full = getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) \
-        or "No space left" in str(exc)
-    if not full:
-        return
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise DiskFullError(f"the disk filled up while writing {what} (partial copy removed; what was written before "
-                        "is intact); free some space and rerun with resume=true") from None
-
-
-def last_checkpoint_bytes(ckpt_root: Path) -> int:
-    """Size of the newest checkpoint (0 when there is none): what the next one will need."""
-    ckpts = list_checkpoints(ckpt_root)
-    return sum(p.stat().st_size for p in ckpts[-1].rglob("*") if p.is_file()) if ckpts else 0
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move src to dst; an existing dst is swapped out first so dst is never half-written."""
-    old = dst.parent / f".old-{dst.name}-{os.getpid()}"
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def list_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Completed resumable checkpoints, oldest first."""
-    if not ckpt_root.is_dir():
-        return []
-    return sorted(p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith("step-"))

@@ -10,10 +10,10 @@ import subprocess
 import time
 
 import pytest
-
-from rlft.trainer.integrity import damage
 from helpers import (SMALL_BATCH, TINY, check_ok, load_safetensors, one_line_error, popen_cli, read_manifest, run_cli,
                      stage_dir)
+
+from rlft.files.integrity import damage
 
 # a constant schedule, so a run extended on resume matches one trained to the longer length at once
 SFT = ["algo=sft", *TINY, *SMALL_BATCH, "train.lr_schedule=constant", "train.warmup_steps=0"]
@@ -173,7 +173,8 @@ def test_a_full_disk_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path,
 def test_a_write_that_runs_out_of_space_is_named_and_cleaned(tmp_path):
     import errno
 
-    from rlft.trainer import DiskFullError, raise_if_disk_full
+    from rlft.errors import DiskFullError
+    from rlft.files.integrity import raise_if_disk_full
 
     for exc in (OSError(errno.ENOSPC, "No space left on device"),
                 RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1234 vs 1200")):

@@ -23,7 +23,6 @@ import sys
 
 import pytest
 import torch
-
 from helpers import GLOO_ABORT, REPO, cli_env, free_port
 
 TOL = 1e-5
@@ -44,7 +43,8 @@ from rlft.config.schema import register_schemas
 from rlft.config.validate import validate
 from rlft.overrides import conf_dir
 from rlft.data.tokenizer import build_char_tokenizer
-from rlft.trainer import Trainer, dist
+from rlft import dist
+from rlft.trainer import Trainer
 from rlft.models import load_model
 from rlft.rollout import batch as rb
 from rlft.stages import experience, update

@@ -8,20 +8,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlft import dist
 from rlft.algos import AGGREGATIONS, agg_denominator
-from rlft.trainer import dist
-from rlft.rollout import batch as rb
-from rlft.stages import rft
-from rlft.stages import experience, rl, update
-from rlft.stages.common import Sums
 from rlft.data.labels import outcome_pairs
+from rlft.rollout import batch as rb
+from rlft.stages import experience, rft, rl, update
+from rlft.stages.common import Sums
 
 PAD, EOS = 0, 2
 
 
 @pytest.fixture(scope="module")
 def one_rank():
-    """A real gloo process group of world size 1 (rlft.trainer.dist.init), torn down afterwards."""
+    """A real gloo process group of world size 1 (rlft.dist.init), torn down afterwards."""
     if dist._INFO is not None:  # another test already joined a group in this process
         yield dist._INFO
         return
@@ -181,7 +180,6 @@ def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlft.config.algorithms import RLConfig
-
     from rlft.config.schema import Config
 
     torch.manual_seed(0)

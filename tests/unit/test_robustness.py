@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlft import rundir
-from rlft.errors import ConfigError, StageError
 from rlft.data.loading import DataError, map_fields, to_preference_rows, to_sft_rows
-from rlft.trainer.integrity import damage, verified, write_checksums
+from rlft.errors import ConfigError, StageError
+from rlft.files import rundir
+from rlft.files.checkpoints import config_changes
+from rlft.files.integrity import damage, verified, write_checksums
 from rlft.stages import inputs
-from rlft.stages.common import config_changes
 
 
 def test_checksums_catch_changed_truncated_and_missing_files(tmp_path):
@@ -41,7 +41,7 @@ def test_checksums_catch_changed_truncated_and_missing_files(tmp_path):
 def test_a_plain_model_path_is_checked_before_loading(tmp_path):
     """model.path=<folder>: a broken config.json, or a file that no longer matches the folder's checksums.json
     (rlft's exports carry one), is one line naming the file."""
-    from rlft.handoff import MissingInputError, resolve_model_path
+    from rlft.files.handoff import MissingInputError, resolve_model_path
 
     cfg = SimpleNamespace(model=SimpleNamespace(path=str(tmp_path / "m")))
     d = tmp_path / "m"
@@ -193,7 +193,7 @@ def test_a_checkpoint_config_recorded_under_an_old_section_name_resumes(capsys):
     from omegaconf import OmegaConf
 
     from rlft.config.schema import Config
-    from rlft.stages.common import check_resume_config
+    from rlft.files.checkpoints import check_resume_config
 
     cfg = OmegaConf.structured(Config)
     saved = OmegaConf.to_container(cfg, resolve=True)

@@ -19,8 +19,8 @@ import socket
 import time
 from pathlib import Path
 
-from rlft import handoff
 from rlft.errors import CompletedStageError, StageLockedError
+from rlft.files import handoff
 
 LOCK = ".lock"
 

@@ -1,4 +1,4 @@
-"""What rlft writes can be checked before it is read back: a checksum list in every resumable
+"""Checksums and disk space. What rlft writes can be checked before it is read back: a checksum list in every resumable
 checkpoint and every Hugging Face directory rlft exports (final/, iterations/*/).
 
     write_checksums(dir)   dir/checksums.json: {relative path: {bytes, sha256}} of every file
@@ -11,10 +11,14 @@ accepted as unverified (`damage` says None, `verified` says False).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
+
+from rlft.errors import DiskFullError
 
 CHECKSUMS = "checksums.json"
 _CHUNK = 8 << 20
@@ -67,3 +71,29 @@ def damage(directory: Path) -> str | None:
         if file_sha256(path) != entry["sha256"]:
             return f"{rel} does not match its checksum (its bytes changed after it was written)"
     return None
+
+
+def space_shortage(directory: Path, need_bytes: int, what: str) -> str | None:
+    """The one-line reason not to start writing `what` (about need_bytes) under `directory`: its file
+    system has less free space than that plus 10%. None when it fits."""
+    directory = Path(directory)
+    while not directory.exists():
+        directory = directory.parent
+    free = shutil.disk_usage(directory).free
+    if free >= 1.1 * need_bytes:
+        return None
+    return (f"not enough disk space for {what}: about {need_bytes / 2**20:.1f} MiB needed, {free / 2**20:.1f} MiB "
+            f"free at {directory}; free some space and rerun with resume=true (a checkpoint is written beside the "
+            f"kept ones before the oldest is removed)")
+
+
+def raise_if_disk_full(exc: Exception, tmp: Path, what: str) -> None:
+    """A write that failed for lack of space (ENOSPC, or torch's 'unexpected pos' when the disk filled
+    mid-file): remove the partial copy and raise a one-line DiskFullError."""
+    full = getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) \
+        or "No space left" in str(exc)
+    if not full:
+        return
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise DiskFullError(f"the disk filled up while writing {what} (partial copy removed; what was written before "
+                        "is intact); free some space and rerun with resume=true") from None

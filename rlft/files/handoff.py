@@ -1,24 +1,17 @@
-"""Where stages write, and how one stage finds another's output.
-
-Layout of a run (the contract in README.md, "Outputs and hand-off"):
-
-    runs/<run.name>/<algo>/
-        config.yaml      resolved config of the stage
-        metrics.jsonl    one JSON object per logged step
-        manifest.json    stage, parent checkpoint, summary metrics; written last = stage complete
-        checkpoints/     resumable DeepSpeed checkpoints (step-NNNNNNN/)
-        final/           Hugging Face model directory
-"""
+"""Where stages write, and how one stage finds another's output: stage folders, `stage:<algo>` paths,
+manifests, and files and Hugging Face folders written atomically (the layout: rlft/files/__init__.py;
+the contract: README.md, "Outputs and hand-off")."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 from rlft import gguf
-from rlft.trainer.integrity import damage
-from rlft.errors import MissingInputError
+from rlft.errors import DiskFullError, MissingInputError
+from rlft.files.integrity import damage, raise_if_disk_full, space_shortage, write_checksums
 
 STAGE_PREFIX = "stage:"
 BUILTIN_MODEL = "builtin:tiny"
@@ -108,3 +101,35 @@ def resolve_model_path(cfg, path: str | None = None) -> str:
     if path.startswith((".", "/", "~")) or path.count("/") > 1:
         raise MissingInputError(f"model path {path} does not exist")
     return path  # a hub id
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move src to dst; an existing dst is swapped out first so dst is never half-written."""
+    old = dst.parent / f".old-{dst.name}-{os.getpid()}"
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_hf_dir(model, state_dict, tokenizer, out_dir: Path) -> None:
+    """save_pretrained into a temporary sibling, then rename over out_dir."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    weights = state_dict if state_dict is not None else model.state_dict()
+    short = space_shortage(tmp.parent, sum(v.numel() * v.element_size() for v in weights.values()), str(out_dir))
+    if short:
+        raise DiskFullError(short)
+    from rlft import lora
+
+    try:
+        with lora.unquantized_view(model):  # QLoRA: the state dict is dequantized; save it as a plain model
+            model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_checksums(tmp)
+    except (OSError, RuntimeError) as exc:
+        raise_if_disk_full(exc, tmp, str(out_dir))
+        raise
+    replace_dir(tmp, out_dir)

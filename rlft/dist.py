@@ -96,7 +96,7 @@ def shutdown() -> None:
 
 def info() -> DistInfo:
     if _INFO is None:
-        raise RuntimeError("rlft.trainer.dist.init() has not been called")
+        raise RuntimeError("rlft.dist.init() has not been called")
     return _INFO
 
 
