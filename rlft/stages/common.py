@@ -1,8 +1,9 @@
 """What every stage shares: its context, the deterministic data order, resume and finish.
 
-The supervised stages (SFT, RM, PRM) differ only in how a micro-batch becomes a loss; they
-share `supervised_loop`, which reads top to bottom: for each optimizer step, take this
-rank's share of the global batch, accumulate micro-batch gradients, step, log, checkpoint.
+Every stage's loop is `training_loop`: train a unit, then progress, logging, evaluation, checkpoints and a
+clean stop on a signal. The supervised stages (SFT, RM, PRM, DPO, RFT) differ only in how a micro-batch
+becomes a loss; they share `supervised_loop`: for each optimizer step, take this rank's share of the
+global batch, accumulate micro-batch gradients, step.
 """
 from __future__ import annotations
 
@@ -181,40 +182,36 @@ def held_out(trainer: Trainer, examples: list, loss_fn: LossFn, micro: int, pref
     return {prefix + name: value for name, value in sums.reduce().items()}
 
 
-def supervised_loop(ctx: StageContext, trainer: Trainer, examples: list, count_fn: Callable[[list], float],
-                    loss_fn: LossFn, evaluate: Callable[[], dict] | None = None, eval_every: int = 0) -> dict:
-    """Train for train.max_steps optimizer steps; returns the last logged metrics.
+def training_loop(ctx: StageContext, trainer: Trainer, start_step: int, run_unit: Callable[[int], None],
+                  logged: Callable[[int], dict], *, steps_per_unit: int = 1, evaluate: Callable[[], dict] | None = None,
+                  eval_every: int = 0, eval_at_start: bool = False, client_state: Callable[[], dict] = dict,
+                  companions: dict | None = None) -> dict:
+    """The skeleton of every stage's loop; returns the last logged metrics with the final evaluation.
 
-    count_fn(global batch) is the loss normaliser for the whole optimizer step (tokens,
-    pairs or steps), so every micro-batch loss is `sum / global count` and the update does
-    not depend on micro-batch size or world size. loss_fn returns (loss, {name: (sum, count)})."""
-    cfg, info = ctx.cfg, ctx.info
-    train = cfg.train
-    start = maybe_resume(ctx, trainer)
-    tracker = Tracker(ctx.run_dir, cfg, info.is_main, train.max_steps, start)
+    For each unit (an optimizer step, or an RL rollout of `steps_per_unit` steps) from the one `start_step`
+    falls in: `run_unit(unit)` trains it; then progress (rate, ETA), and at train.log_every the metrics
+    `logged(done)` (with a held-out `evaluate()` every `eval_every` steps) go to the console, metrics.jsonl
+    and wandb; a checkpoint (the step, the RNG and `client_state()`, with the companions' state) is written
+    every train.save_every steps, and on SIGINT/SIGTERM before stopping. `evaluate` runs once more at the end."""
+    train = ctx.cfg.train
+    tracker = Tracker(ctx.run_dir, ctx.cfg, ctx.info.is_main, train.max_steps, start_step)
     last: dict = {}
-    sums = Sums()
-    step_time, steps_since_log = 0.0, 0
-    for step in range(start, train.max_steps):
-        tic = time.time()
-        optimizer_step(trainer, examples, step_indices(step, train.batch_size, len(examples), cfg.seed), count_fn,
-                       loss_fn, train, sums)
-        step_time += time.time() - tic
-        steps_since_log += 1
-        done = step + 1
-        tracker.advance()
+    if eval_at_start and start_step == 0 and evaluate is not None and eval_every:
+        tracker.log(0, evaluate())
+    for unit in range(start_step // steps_per_unit, train.max_steps // steps_per_unit):
+        run_unit(unit)
+        done = (unit + 1) * steps_per_unit
+        tracker.advance(steps_per_unit)
         if done % train.log_every == 0 or done == train.max_steps:
-            last = sums.reduce()
-            last.update(lr=trainer.lr(), step_time_s=step_time / steps_since_log,
-                        samples_seen=done * samples_per_step(cfg))
-            if trainer.grad_norm() is not None:
-                last["grad_norm"] = trainer.grad_norm()
+            last = logged(done)
             if evaluate is not None and eval_every and done % eval_every == 0 and done != train.max_steps:
                 last.update(evaluate())
             tracker.log(done, last)
-            sums, step_time, steps_since_log = Sums(), 0.0, 0
-        save = lambda: trainer.save_checkpoint(ctx.ckpt_root, done, {"step": done, "rng": rng_state()},  # noqa: E731
-                                              train.keep_checkpoints)
+
+        def save(done=done):
+            state = {"step": done, "rng": rng_state(), **client_state()}
+            return trainer.save_checkpoint(ctx.ckpt_root, done, state, train.keep_checkpoints, companions)
+
         if train.save_every and done % train.save_every == 0 and done != train.max_steps:
             save()
         stop_if_signalled(ctx, done, save)
@@ -224,6 +221,37 @@ def supervised_loop(ctx: StageContext, trainer: Trainer, examples: list, count_f
         tracker.log(train.max_steps, final_eval)
     tracker.close()
     return last
+
+
+def supervised_loop(ctx: StageContext, trainer: Trainer, examples: list, count_fn: Callable[[list], float],
+                    loss_fn: LossFn, evaluate: Callable[[], dict] | None = None, eval_every: int = 0) -> dict:
+    """Train for train.max_steps optimizer steps of the supervised stages; returns the last logged metrics.
+
+    count_fn(global batch) is the loss normaliser for the whole optimizer step (tokens,
+    pairs or steps), so every micro-batch loss is `sum / global count` and the update does
+    not depend on micro-batch size or world size. loss_fn returns (loss, {name: (sum, count)})."""
+    cfg, train = ctx.cfg, ctx.cfg.train
+    sums, timing = Sums(), {"seconds": 0.0, "steps": 0}
+
+    def run_step(step: int) -> None:
+        tic = time.time()
+        optimizer_step(trainer, examples, step_indices(step, train.batch_size, len(examples), cfg.seed), count_fn,
+                       loss_fn, train, sums)
+        timing["seconds"] += time.time() - tic
+        timing["steps"] += 1
+
+    def logged(done: int) -> dict:
+        nonlocal sums
+        metrics = sums.reduce()
+        metrics.update(lr=trainer.lr(), step_time_s=timing["seconds"] / timing["steps"],
+                       samples_seen=done * samples_per_step(cfg))
+        if trainer.grad_norm() is not None:
+            metrics["grad_norm"] = trainer.grad_norm()
+        sums, timing["seconds"], timing["steps"] = Sums(), 0.0, 0
+        return metrics
+
+    return training_loop(ctx, trainer, maybe_resume(ctx, trainer), run_step, logged, evaluate=evaluate,
+                         eval_every=eval_every)
 
 
 def stop_if_signalled(ctx: StageContext, done: int, save: Callable[[], Path]) -> None:

@@ -119,7 +119,7 @@ def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
 
 def run(cfg, ctx: common.StageContext) -> dict:
     common.prepare_run_dir(ctx)
-    algo, train = cfg.algo, cfg.train
+    algo = cfg.algo
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
@@ -137,7 +137,6 @@ def run(cfg, ctx: common.StageContext) -> dict:
                                       lambda path: load_reference(cfg, path, tokenizer))
 
     steps_per_rollout = algo.updates_per_rollout * algo.minibatches_per_rollout
-    total_rollouts = train.max_steps // steps_per_rollout
     companions = {"critic": critic} if critic is not None else None
     resumed = common.resume_state(ctx, policy, companions)
     start_step = int(resumed.get("step", 0))
@@ -147,12 +146,9 @@ def run(cfg, ctx: common.StageContext) -> dict:
     if start_step and iterations.count > 1:  # the reward models and reference of the iteration resumed into
         iterations.restore(start_step // steps_per_rollout - 1, resumed.get("samples_log", []))
         common.set_rng_state(resumed["rng"])  # loading those models may have drawn random numbers
-    tracker = common.Tracker(ctx.run_dir, cfg, ctx.info.is_main, train.max_steps, start_step)
     stats, times = common.Sums(), common.Sums()
-    summary: dict = {}
-    if start_step == 0 and algo.eval_every:
-        tracker.log(0, experience.greedy_accuracy())
-    for r in range(start_step // steps_per_rollout, total_rollouts):
+
+    def run_rollout(r: int) -> None:
         if iterations.starts(r):
             iterations.next(r)
         try:
@@ -168,30 +164,22 @@ def run(cfg, ctx: common.StageContext) -> dict:
         times.add("time/step_s", sum(phases.values()), 1)
         rollout_metrics(ro, stats, cfg.rollout.samples_per_prompt)
         iterations.record(ro)
-        done = (r + 1) * steps_per_rollout
-        tracker.advance(steps_per_rollout)
-        if done % train.log_every == 0 or done == train.max_steps:
-            summary = stats.reduce()
-            summary["reward_std"] = max(summary.pop("reward_sq") - summary["reward"] ** 2, 0.0) ** 0.5
-            summary.update(times.reduce(), lr=policy.lr(), iteration=iterations.index(r), kl_coef=kl.coef,
-                           samples_seen=int(dist.all_reduce_sum([float(experience.samples_drawn)])[0]))
-            if algo.eval_every and done % algo.eval_every == 0 and done != train.max_steps:
-                summary.update(experience.greedy_accuracy())
-            tracker.log(done, summary)
-            stats, times = common.Sums(), common.Sums()
 
-        def save(done=done):
-            client = {"step": done, "rng": common.rng_state(), "kl_coef": kl.coef,
-                      "samples_drawn": experience.samples_drawn, **iterations.state()}
-            return policy.save_checkpoint(ctx.ckpt_root, done, client, train.keep_checkpoints, companions)
+    def logged(done: int) -> dict:
+        nonlocal stats, times
+        metrics = stats.reduce()
+        metrics["reward_std"] = max(metrics.pop("reward_sq") - metrics["reward"] ** 2, 0.0) ** 0.5
+        metrics.update(times.reduce(), lr=policy.lr(), iteration=iterations.index(done // steps_per_rollout - 1),
+                       kl_coef=kl.coef, samples_seen=int(dist.all_reduce_sum([float(experience.samples_drawn)])[0]))
+        stats, times = common.Sums(), common.Sums()
+        return metrics
 
-        if train.save_every and done % train.save_every == 0 and done != train.max_steps:
-            save()
-        common.stop_if_signalled(ctx, done, save)
-    final_eval = experience.greedy_accuracy()
-    tracker.log(train.max_steps, final_eval)
-    summary.update(final_eval)
-    tracker.close()
+    def client_state() -> dict:
+        return {"kl_coef": kl.coef, "samples_drawn": experience.samples_drawn, **iterations.state()}
+
+    summary = common.training_loop(ctx, policy, start_step, run_rollout, logged, steps_per_unit=steps_per_rollout,
+                                   evaluate=experience.greedy_accuracy, eval_every=algo.eval_every,
+                                   eval_at_start=True, client_state=client_state, companions=companions)
     if critic is not None:
         critic.export_hf(ctx.run_dir / "critic", tokenizer)
     common.finish(ctx, policy, tokenizer, parent, summary)
