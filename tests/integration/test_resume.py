@@ -29,12 +29,12 @@ ARGS = ["train", "algo=sft", *TINY, "train.max_steps=12", "train.save_every=4", 
 
 SLOW_DRIVER = r"""
 import sys, time
-import rlft.trainer as engine
-_step = engine.Engine.step
+import rlft.trainer as trainer_module
+_step = trainer_module.Trainer.step
 def step(self):
     time.sleep(0.15)
     return _step(self)
-engine.Engine.step = step
+trainer_module.Trainer.step = step
 from rlft.cli import main
 main(sys.argv[1:])
 """

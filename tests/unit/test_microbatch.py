@@ -86,7 +86,7 @@ def test_rollout_groups_keep_pairs_together(one_rank):  # noqa: F811
 
 
 class AccumulatingSGD:
-    """The slice of rlft.trainer.Engine the updates use: gradients accumulate over micro-batches and the
+    """The slice of rlft.trainer.Trainer the updates use: gradients accumulate over micro-batches and the
     SGD step happens at the micro-batch marked `last`, as DeepSpeed does at its accumulation boundary."""
 
     def __init__(self, model):

@@ -26,7 +26,7 @@ SHIFT = [5.0, 5.0, -3.0, -3.0]  # a different constant for each prompt
 
 
 class SGDEngine:
-    """The slice of rlft.trainer.Engine the update functions use, over a plain module and SGD."""
+    """The slice of rlft.trainer.Trainer the update functions use, over a plain module and SGD."""
 
     def __init__(self, model):
         self.module, self.device = model, torch.device("cpu")
