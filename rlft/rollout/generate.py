@@ -127,6 +127,7 @@ class HFEngine:
     `seed` is unused."""
 
     name = "hf"
+    default_is_correction = "none"  # samples with the trainer's own forward: nothing to correct
 
     def __init__(self, source: ModelSource, tokenizer, device: torch.device, rollout_cfg):
         self.source, self.tokenizer, self.device, self.cfg = source, tokenizer, device, rollout_cfg
@@ -214,10 +215,19 @@ def build_engine(cfg, source: ModelSource, tokenizer, device: torch.device,
     """The engine `rollout.engine` asks for, and the header line that says which and why (`seed`:
     the run's; a vllm engine derives its own from it and its tensor-parallel group)."""
     name, why = choose_engine(cfg.rollout.engine, device)
-    if name == "hf":
-        engine: RolloutEngine = HFEngine(source, tokenizer, device, cfg.rollout)
-    else:
-        from rlft.rollout.vllm_engine import VLLMEngine
-
-        engine = VLLMEngine(cfg, source, tokenizer, device, seed)
+    engine = BUILDERS[name](cfg, source, tokenizer, device, seed)
     return engine, f"{engine.describe()}; {why}"
+
+
+def _hf_engine(cfg, source: ModelSource, tokenizer, device: torch.device, seed: int) -> RolloutEngine:
+    return HFEngine(source, tokenizer, device, cfg.rollout)
+
+
+def _vllm_engine(cfg, source: ModelSource, tokenizer, device: torch.device, seed: int) -> RolloutEngine:
+    from rlft.rollout.vllm_engine import VLLMEngine  # imports vllm: only when chosen
+
+    return VLLMEngine(cfg, source, tokenizer, device, seed)
+
+
+# rollout.engine -> its builder (cfg, source, tokenizer, device, seed) -> RolloutEngine
+BUILDERS = {"hf": _hf_engine, "vllm": _vllm_engine}

@@ -44,6 +44,9 @@ class Generations:
 class RolloutEngine(Protocol):
     """What a sampling engine offers the stages."""
     name: str
+    default_is_correction: str
+    """The IS correction `rollout.is_correction=auto` picks for it (rlft.algos.IS_CORRECTIONS): none for an engine
+    that samples with the trainer's own forward, tis for one with its own kernels."""
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling,
                  seed: int | None = None) -> Generations: ...

@@ -58,6 +58,7 @@ def shm_segments() -> set[Path]:
 
 class VLLMEngine:
     name = "vllm"
+    default_is_correction = "tis"  # its own kernels: truncated IS weights pi_old / pi_engine
 
     def __init__(self, cfg, source: ModelSource, tokenizer, device: torch.device, seed: int = 0):
         engine_env()

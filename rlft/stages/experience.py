@@ -116,7 +116,7 @@ def is_correction(cfg, sampler) -> str:
     """The engine-mismatch correction `rollout.is_correction` names; auto: tis for vLLM, whose log-probs
     differ from the trainer's, none for the trainer's own forward (hf)."""
     rollout = cfg.rollout
-    return rollout.is_correction if rollout.is_correction != "auto" else ("tis" if sampler.name == "vllm" else "none")
+    return rollout.is_correction if rollout.is_correction != "auto" else sampler.default_is_correction
 
 
 def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int) -> list[int]:

@@ -225,3 +225,16 @@ def test_a_rollout_carries_what_its_estimator_or_loss_declares(algo, has_referen
     a = OmegaConf.merge(OmegaConf.structured(RLConfig), algo)
     assert experience.rollout_needs(a, has_reference, correction) == want
     assert want <= set(rb.EXTRAS)
+
+
+def test_each_rollout_engine_declares_its_default_correction():
+    """rollout.is_correction=auto takes what the engine declares; nothing asks an engine's name."""
+    from rlft.rollout import generate, sampling
+    from rlft.rollout.vllm_engine import VLLMEngine
+
+    assert set(generate.BUILDERS) == set(sampling.ENGINES) - {"auto"}
+    assert generate.HFEngine.default_is_correction == "none" and VLLMEngine.default_is_correction == "tis"
+    cfg = SimpleNamespace(rollout=SimpleNamespace(is_correction="auto"))
+    assert experience.is_correction(cfg, SimpleNamespace(default_is_correction="tis")) == "tis"
+    cfg.rollout.is_correction = "mis"
+    assert experience.is_correction(cfg, SimpleNamespace(default_is_correction="tis")) == "mis"
