@@ -1,7 +1,7 @@
 """The driver: compose once, write the resolved config, then train in-process or start ranks.
 
 One rank (deepspeed.nproc_per_node=1, deepspeed.nnodes=1) trains inside the driver process; more
-ranks are started with torch.distributed.run, each running `python -m rlft.worker CONFIG`.
+ranks are started with torch.distributed.run (rlft.rank_launcher), each running `python -m rlft.worker CONFIG`.
 Multi-node runs start one driver per machine with the same overrides plus its
 deepspeed.node_rank (see README, 'Multi-node'). Hydra never sees the rank arguments, which is
 what keeps `-m` sweeps and the DeepSpeed launcher from tripping over each other.
@@ -155,7 +155,9 @@ def run_ranks(cfg, run_dir: Path) -> None:
         write_config(cfg, cfg_path)
         cmd = rank_command(cfg, cfg_path)
         error_file = Path(tmp) / "error.txt"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFT_ERROR_FILE": str(error_file)}
+        # OMP_NUM_THREADS=1 is torch.distributed.run's own default (each rank sets its torch threads from
+        # deepspeed.threads_per_rank); set here, the launcher does not print a banner about it
+        env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", "RLFT_ERROR_FILE": str(error_file)}
         code = run_launcher(cmd, env)
         user_error = error_file.read_text() if error_file.exists() else None
     if user_error:
@@ -209,6 +211,6 @@ def rank_command(cfg, cfg_path: Path) -> list[str]:
         from rlft.dist import free_port
 
         port = free_port()
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ds_opts.nproc_per_node}",
+    return [sys.executable, "-m", "rlft.rank_launcher", f"--nproc_per_node={ds_opts.nproc_per_node}",
             f"--nnodes={ds_opts.nnodes}", f"--node_rank={ds_opts.node_rank}", f"--master_addr={ds_opts.master_addr}",
             f"--master_port={port}", "-m", "rlft.worker", str(cfg_path)]

@@ -41,6 +41,10 @@ def main(argv: list[str]) -> None:
         # every rank stops on a signal together (they agree on it), so they all exit 0 and the launcher
         # stays quiet; any other error exits non-zero so that the launcher stops the other ranks
         raise SystemExit(0 if isinstance(exc, Interrupted) else 2) from None
+    except Exception:
+        if user_error_reported():  # another rank stopped on the user's error: this one only lost its peers
+            exit_now(2)
+        raise
 
 
 def exit_now(code: int) -> None:
@@ -56,16 +60,29 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+def user_error_reported() -> bool:
+    """Whether a rank has handed the driver a user error (this run is stopping on it)."""
+    path = os.environ.get("RLFT_ERROR_FILE")
+    return bool(path) and os.path.isfile(path)
+
+
 def report(exc: Exception) -> None:
-    """Rank 0 hands its one-line error to the driver, which prints it as its last line (or prints it
-    itself when started without a driver)."""
-    if int(os.environ.get("RANK", "0")) != 0:
-        return
+    """Hand the one-line error to the driver, which prints it as its last line: the first rank to stop on a
+    user error writes it (a rank that fails alone is reported too), the others stay quiet. Started without a
+    driver, rank 0 prints it itself."""
+    rank = int(os.environ.get("RANK", "0"))
     error_file = os.environ.get("RLFT_ERROR_FILE")
-    if error_file:
-        Path(error_file).write_text(str(exc))
-    else:
-        print(f"rlft: error: {exc}", file=sys.stderr, flush=True)
+    if not error_file:
+        if rank == 0:
+            print(f"rlft: error: {exc}", file=sys.stderr, flush=True)
+        return
+    mine = Path(f"{error_file}.rank{rank}")
+    mine.write_text(str(exc))
+    try:
+        os.link(mine, error_file)  # atomic, and refused when another rank's error is already there
+    except FileExistsError:
+        pass
+    mine.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -79,3 +79,25 @@ def fails_in_the_second_rollout(prompts, completions, **row_fields):
         if CALLS["batches"] >= 2:
             raise ZeroDivisionError("division by zero")
     return [float(i % 2 == 0) for i in range(len(completions))]
+
+
+_CALLS = {"n": 0}
+
+
+def fails_on_third_call(prompts, completions, **row_fields):
+    """Scores like `alternate` twice in a process (the check before the run, the first rollout), then raises: a
+    user function that breaks after the trainer has started."""
+    _CALLS["n"] += 1
+    if _CALLS["n"] >= 3:
+        raise ValueError("the judge service went away")
+    return alternate(prompts, completions)
+
+
+def fails_on_rank_1(prompts, completions, **row_fields):
+    """Raises on the second rank only (from its second call on): a user error that one rank meets alone."""
+    import os
+
+    _CALLS["n"] += 1
+    if os.environ.get("RANK") == "1" and _CALLS["n"] >= 2:
+        raise ValueError("the judge service went away")
+    return alternate(prompts, completions)

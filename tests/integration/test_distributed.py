@@ -26,8 +26,8 @@ import time
 
 import pytest
 
-from helpers import (GLOO_ABORT, TINY, check_ok, cli_env, explain, free_port, popen_cli, read_manifest, run_cli,
-                     run_cli_retrying_abort, stage_dir, tmp_leftovers, train_records)
+from helpers import (GLOO_ABORT, TINY, check_ok, cli_env, explain, free_port, popen_cli, read_manifest, rl_env,
+                     run_cli, run_cli_retrying_abort, stage_dir, tmp_leftovers, train_records)
 
 STEPS = 4
 BASE = [*TINY, f"train.max_steps={STEPS}", "train.batch_size=8", "train.log_every=1", "train.lr=1e-2",
@@ -180,3 +180,17 @@ def test_missing_input_is_one_line_with_two_ranks(workdir):
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "rlft train algo=sft run.name=nosft" in lines[0], proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("reward", ["fails_on_third_call", "fails_on_rank_1"])
+def test_a_user_error_after_the_ranks_started_is_one_line(workdir, reward):
+    """A reward function that breaks mid-run on both ranks, or on one rank alone: one `rlft: error:` line on
+    stderr, not the launcher's report of each failed rank nor the other rank's lost connection."""
+    proc = run_cli(workdir, "train", "algo=grpo", f"run.name=usererr_{reward}", "model.path=builtin:tiny", *TINY,
+                   "deepspeed.nproc_per_node=2", f"reward.functions=[rl_user_reward:{reward}]", "train.max_steps=4",
+                   "rollout.prompts_per_step=4", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8",
+                   "train.micro_batch_per_device=4", timeout=300, env=rl_env())
+    assert proc.returncode == 2, explain(proc)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rlft: error: reward 'rl_user_reward:") \
+        and "the judge service went away" in lines[0] and "rerun the same command" in lines[0], proc.stderr[-3000:]
