@@ -34,6 +34,7 @@ RewardSource = choices("RewardSource", "data policy")
 StepLabels = choices("StepLabels", "exact mc")
 StepScorer = choices("StepScorer", "prm exact")
 KLAt = choices("KLAt", "old current")
+SpecialTokensInText = choices("SpecialTokensInText", "literal parse")
 
 
 def read_when(rule: str, default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from rlft.config.algorithms import ALGO_SCHEMAS, CriticConfig, IterativeConfig, PairwiseConfig
 from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, NonFinite, NonFinitePolicy, Precision,
-                                StepScorer, TruncationPolicy, WandbMode, read_when)
+                                SpecialTokensInText, StepScorer, TruncationPolicy, WandbMode, read_when)
 from rlft.data.synthetic import TaskSpec
 
 
@@ -283,6 +283,10 @@ class DataConfig:
     allow_unverifiable: bool = False
     """Let rows whose answer has no checkable final answer ('#### n' or \\boxed{n}) into stages that score
     correctness (their correctness is then always 0); by default such a row is an error naming it."""
+    special_tokens_in_text: SpecialTokensInText = SpecialTokensInText.literal
+    """Data text that spells one of the tokenizer's special tokens (`<|im_end|>`, `</s>`): literal (encoded as the
+    characters it is; said once) | parse (it becomes that control token, as a tokenizer does by default). The
+    chat template's own control tokens are always tokens."""
     task: TaskSpec = field(default_factory=TaskSpec)
     """Built-in task only: size and difficulty knobs of the synthetic problems (`rlft list keys data.task`)."""
 

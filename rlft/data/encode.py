@@ -6,9 +6,92 @@ response are tokenised separately and concatenated, so the prompt/response bound
 any tokenizer. A BOS token is prepended only when the tokenizer itself adds one by default (Llama
 style); the built-in character tokenizer adds none. Sequences longer than `max_len` are cut from
 the right, which drops the EOS; such examples carry `truncated=True`.
+
+Text from the data that spells one of the tokenizer's special tokens (data.special_tokens_in_text=literal,
+the default) is encoded as the characters it is: a response wholly, a prompt where the user's own text lies
+in it (a `PromptText` from `literal_prompt`), while the chat template's own control tokens stay tokens.
 """
 
 import torch
+
+
+class PromptText(str):
+    """A rendered prompt, remembering how to treat special-token strings in it: `literal` (the data's text is
+    text) and `spans`, the (start, end) character ranges of the user's text that spell a special token."""
+    literal: bool = False
+    spans: tuple[tuple[int, int], ...] = ()
+
+
+_SEEN: set[str] = set()
+
+
+def special_strings(tok) -> list[str]:
+    """The tokenizer's special tokens as they are spelled, longest first."""
+    return sorted({s for s in getattr(tok, "all_special_tokens", []) if s}, key=len, reverse=True)
+
+
+def literal_prompt(tok, text: str, user_texts: list[str]) -> PromptText:
+    """`text` (a rendered prompt) as a PromptText that keeps the special-token strings of `user_texts` as text:
+    each user text is found where the template put it, in order. Says once per special token that data spells it."""
+    out = PromptText(text)
+    out.literal = True
+    specials = special_strings(tok)
+    spans, cursor = [], 0
+    for user in user_texts:
+        spelled = [s for s in specials if s in user]
+        if not spelled:
+            continue
+        for candidate in (user, user.strip()):
+            start = text.find(candidate, cursor)
+            if start >= 0:
+                spans.append((start, start + len(candidate)))
+                cursor = start + len(candidate)
+                break
+        warn_spelled(spelled)
+    out.spans = tuple(spans)
+    return out
+
+
+def warn_spelled(spelled: list[str]) -> None:
+    new = [s for s in spelled if s not in _SEEN]
+    if new:
+        _SEEN.update(new)
+        print(f"[rlft] data text spells the special token(s) {', '.join(map(repr, new))}: encoded as text "
+              "(data.special_tokens_in_text=literal; parse makes them act as the tokens)", flush=True)
+
+
+def encode_text(tok, text: str, literal: bool) -> list[int]:
+    """The data's own text (a response, a step): with `literal`, a special-token string in it is text."""
+    if literal:
+        spelled = [s for s in special_strings(tok) if s in text]
+        if spelled:
+            warn_spelled(spelled)
+            return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _encode_rendered(tok, text: str, spans: tuple[tuple[int, int], ...]) -> list[int]:
+    """A rendered prompt whose `spans` hold special-token strings that are text: the text between them is
+    encoded as usual (the template's tokens parse), each such string on its own as characters."""
+    cuts, specials = [], special_strings(tok)
+    for start, end in spans:
+        i = start
+        while i < end:
+            hit = next((s for s in specials if text.startswith(s, i) and i + len(s) <= end), None)
+            if hit:
+                cuts.append((i, i + len(hit)))
+                i += len(hit)
+            else:
+                i += 1
+    ids, pos = [], 0
+    for start, end in cuts:
+        if start > pos:
+            ids += tok(text[pos:start], add_special_tokens=False)["input_ids"]
+        ids += tok(text[start:end], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        pos = end
+    if pos < len(text):
+        ids += tok(text[pos:], add_special_tokens=False)["input_ids"]
+    return ids
 
 
 def _eos_id(tok) -> int:
@@ -27,10 +110,19 @@ def _adds_bos(tok) -> bool:
 
 def encode_prompt(tok, prompt_text: str) -> list[int]:
     """Prompt ids, with BOS in front exactly when the tokenizer adds one by default."""
-    ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
+    spans = getattr(prompt_text, "spans", ())
+    if spans:
+        ids = _encode_rendered(tok, str(prompt_text), spans)
+    else:
+        ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
     if _adds_bos(tok) and (not ids or ids[0] != tok.bos_token_id):
         ids = [tok.bos_token_id] + ids
     return ids
+
+
+def _literal(prompt_text: str) -> bool:
+    """Whether the data's text that goes with this prompt keeps special-token strings as text."""
+    return bool(getattr(prompt_text, "literal", False))
 
 
 def prompt_budget(model, max_new_tokens: int) -> int | None:
@@ -61,7 +153,7 @@ def _join(prompt_ids: list[int], response_ids: list[int], max_len: int) -> tuple
 
 def encode_sft(tok, prompt_text: str, response_text: str, max_len: int) -> dict:
     """`{input_ids, loss_mask, truncated}` for prompt ⊕ response ⊕ EOS; the mask covers response and EOS."""
-    response_ids = tok(response_text, add_special_tokens=False)["input_ids"] + [_eos_id(tok)]
+    response_ids = encode_text(tok, response_text, _literal(prompt_text)) + [_eos_id(tok)]
     ids, mask, truncated = _join(encode_prompt(tok, prompt_text), response_ids, max_len)
     return {"input_ids": ids, "loss_mask": mask, "truncated": truncated}
 
@@ -84,7 +176,7 @@ def encode_pair(tok, prompt_text: str, chosen: str, rejected: str, max_len: int)
     prompt_ids = encode_prompt(tok, prompt_text)
     out = {"truncated": False}
     for name, text in (("chosen", chosen), ("rejected", rejected)):
-        response_ids = tok(text, add_special_tokens=False)["input_ids"] + [_eos_id(tok)]
+        response_ids = encode_text(tok, text, _literal(prompt_text)) + [_eos_id(tok)]
         ids, mask, truncated = _join(prompt_ids, response_ids, max_len)
         out[f"{name}_ids"], out[f"{name}_mask"] = ids, mask
         out["truncated"] = out["truncated"] or truncated
@@ -124,7 +216,11 @@ def encode_steps(
         cursor += len(step)
         step_ends.append(cursor)
         cursor += len(sep)
-    encoded = tok(sep.join(steps), add_special_tokens=False, return_offsets_mapping=True)
+    literal = _literal(prompt_text) and any(s in step for step in steps for s in special_strings(tok))
+    if literal:
+        warn_spelled([s for s in special_strings(tok) if any(s in step for step in steps)])
+    encoded = tok(sep.join(steps), add_special_tokens=False, return_offsets_mapping=True,
+                  **({"split_special_tokens": True} if literal else {}))
     prompt_ids = encode_prompt(tok, prompt_text)
     ends = step_end_tokens(encoded["offset_mapping"], step_ends)
     ids, _, truncated = _join(prompt_ids, encoded["input_ids"] + [_eos_id(tok)], max_len)

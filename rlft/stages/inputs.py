@@ -96,9 +96,15 @@ def limit(cfg, rows: list, split: str) -> list:
 
 
 def render(cfg, tokenizer, row: dict) -> str:
-    """The text the model sees for a row: its prompt, with the tools it may call (`tools`) where it has them."""
-    return formatting.render_prompt(tokenizer, row["prompt"], cfg.data.prompt_template, cfg.data.use_chat_template,
+    """The text the model sees for a row: its prompt, with the tools it may call (`tools`) where it has them. With
+    data.special_tokens_in_text=literal it remembers where the row's own text lies (rlft/data/encode.py)."""
+    text = formatting.render_prompt(tokenizer, row["prompt"], cfg.data.prompt_template, cfg.data.use_chat_template,
                                     tools=row.get("tools"))
+    if cfg.data.special_tokens_in_text == "parse":
+        return text
+    prompt = row["prompt"]
+    user_texts = [prompt] if isinstance(prompt, str) else [str(m.get("content") or "") for m in prompt]
+    return encode.literal_prompt(tokenizer, text, user_texts)
 
 
 # ----------------------------------------------------------------------------- row shapes

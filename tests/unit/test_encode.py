@@ -135,3 +135,31 @@ def test_pad_to():
     assert pad_to([[0.5], []], -1.0, dtype=torch.float).tolist() == [[0.5], [-1.0]]
     with pytest.raises(ValueError, match="side"):
         pad_to([[1]], 0, side="middle")
+
+
+def test_data_text_that_spells_a_special_token_stays_text(capsys):
+    """data.special_tokens_in_text=literal (default): `<eos>` in a question or a response is the five characters,
+    while the chat template's own <bos>/<eos> stay tokens; parse lets the data's string act as the token."""
+    from omegaconf import OmegaConf
+
+    from rlft.config.schema import Config
+    from rlft.stages import inputs
+
+    tok = build_char_tokenizer()
+    tok.chat_template = "{% for m in messages %}<bos>{{ m['content'] }}<eos>{% endfor %}<bos>"
+    cfg = OmegaConf.structured(Config)
+    row = {"prompt": "say <eos> now"}
+    eos, bos = tok.eos_token_id, tok.bos_token_id
+    literal = encode_sft(tok, inputs.render(cfg, tok, row), "a<eos>b", max_len=256)
+    cfg.data.special_tokens_in_text = "parse"
+    parsed = encode_sft(tok, inputs.render(cfg, tok, row), "a<eos>b", max_len=256)
+    prompt_literal = literal["input_ids"][:literal["loss_mask"].index(1)]
+    prompt_parsed = parsed["input_ids"][:parsed["loss_mask"].index(1)]
+    assert prompt_literal.count(eos) == 1 and prompt_literal.count(bos) == 2  # the template's own tokens
+    assert prompt_parsed.count(eos) == 2
+    assert tok.decode(prompt_literal) == tok.decode(prompt_parsed)  # the same text either way
+    assert literal["input_ids"].count(eos) == 2 and parsed["input_ids"].count(eos) == 4  # + the response's, and EOS
+    assert "'<eos>'" in capsys.readouterr().out  # said once
+    plain = encode_sft(tok, inputs.render(cfg, tok, {"prompt": "2+2"}), "4", max_len=256)
+    cfg.data.special_tokens_in_text = "literal"
+    assert encode_sft(tok, inputs.render(cfg, tok, {"prompt": "2+2"}), "4", max_len=256) == plain  # no change
