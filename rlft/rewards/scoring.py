@@ -247,6 +247,23 @@ class RewardSet:
             else:
                 self.fns[name] = load_user_function(name)
 
+    def env_rewards(self, rows: list[dict], completions: list[str]) -> list[float]:
+        """The environment's outcome rewards. A user environment (env.name=package.module:Class) is held to the
+        reward functions' contract: one Score with a finite reward per completion, its exceptions and waits
+        reported as theirs are (the built-in ones are rlft's own code)."""
+        if type(self.env).__module__.startswith("rlft."):
+            return [s.reward for s in self.env.scores(rows, completions)]
+        name = f"{type(self.env).__module__}:{type(self.env).__name__}.scores"
+        scores = call_with_notice(name, lambda: self.env.scores(rows, completions), self.timeout_s)
+        if isinstance(scores, (list, tuple)):
+            scores = [getattr(s, "reward", s) for s in scores]
+        values, bad = checked_values(name, scores, len(completions), self.nonfinite)
+        if bad and name not in self.warned:
+            self.warned.add(name)
+            print(f"[rlft] reward {name} returned {bad} non-finite value(s), counted as 0 (reward.nonfinite=zero); "
+                  "said once", flush=True)
+        return values
+
     @staticmethod
     def load_model(cfg, kind: str, device: torch.device) -> ScoringModel:
         ref = cfg.reward.rm_path if kind == "rm" else cfg.reward.prm_path
@@ -259,7 +276,7 @@ class RewardSet:
                   if k != "prompt" and not k.startswith("_")}
         per_source: dict[str, list[float]] = {}
         if self.env is not None:
-            per_source[ENV_SOURCE] = [s.reward for s in self.env.scores(rows, completions)]
+            per_source[ENV_SOURCE] = self.env_rewards(rows, completions)
         for name, fn in self.fns.items():
             raw = call_with_notice(name, lambda fn=fn: fn(prompts, completions, **fields), self.timeout_s)
             per_source[name], bad = checked_values(name, raw, len(completions), self.nonfinite)

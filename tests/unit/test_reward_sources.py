@@ -158,3 +158,41 @@ def test_the_preflight_calls_each_function_once_on_a_row():
 def test_reward_set_unknown_source_fails_at_construction():
     with pytest.raises(UnknownNameError, match="unknown reward 'corectness'"):
         RewardSet(reward_cfg(["corectness"]), torch.device("cpu"))
+
+
+# ----------------------------------------------------------------------------- a user environment's scores
+class ScoringEnv:
+    """A user environment whose scores are whatever `make` returns (the contract's faults)."""
+    name = "scoring"
+
+    def __init__(self, make):
+        self.make = make
+
+    def scores(self, rows, completions):
+        return self.make(completions)
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda cs: [scoring_score(1.0)] * (len(cs) - 1), "returned 3 values for 4 completions"),
+    (lambda cs: [scoring_score(float("nan"))] * len(cs), "returned nan for sample 0"),
+    (lambda cs: [scoring_score("yes")] * len(cs), "returned str 'yes' for sample 0"),
+    (lambda cs: 1 / 0, "raised ZeroDivisionError: division by zero"),
+])
+def test_a_user_environment_that_breaks_the_contract_is_one_line_naming_it(make, expected):
+    rs = RewardSet(reward_cfg(["correctness"]), torch.device("cpu"), env=ScoringEnv(make))
+    with pytest.raises(RewardError) as exc:
+        call(rs)
+    line = str(exc.value)
+    assert line.startswith(f"reward '{__name__}:ScoringEnv.scores' ") and expected in line and "\n" not in line
+
+
+def test_a_user_environment_that_keeps_the_contract_scores():
+    rs = RewardSet(reward_cfg(["correctness"]), torch.device("cpu"),
+                   env=ScoringEnv(lambda cs: [scoring_score(float(len(c))) for c in cs]))
+    assert call(rs)[1]["correctness"] == [float(len(c)) for c in COMPLETIONS]
+
+
+def scoring_score(reward):
+    from rlft.envs import Score
+
+    return Score(reward=reward, correct=False, answer=None)
