@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 from rlft.config.algorithms import algo_spec
-from rlft.config.schema import TrainConfig
 from rlft.errors import ConfigError
 
 
@@ -53,6 +52,9 @@ def steps_for_budget(cfg, max_samples: int) -> int:
     return rollouts * algo.updates_per_rollout * algo.minibatches_per_rollout
 
 
+SUPERVISED_BATCH = 32  # train.batch_size of a supervised stage that sets none
+
+
 def derive(cfg) -> None:
     """Fill values that follow from others: an RL optimizer step's batch is its rollout share; a sample
     budget (train.max_samples) sets train.max_steps."""
@@ -63,11 +65,13 @@ def derive(cfg) -> None:
             raise ConfigError(f"rollout.prompts_per_step x rollout.samples_per_prompt = {rollout_size} is not "
                               f"divisible by algo.minibatches_per_rollout={algo.minibatches_per_rollout}")
         batch, given = rollout_size // algo.minibatches_per_rollout, cfg.train.batch_size
-        if given not in (batch, TrainConfig.batch_size):  # set by the user, and RL would replace it
+        if given is not None and given != batch:  # set by the user, and RL would replace it
             raise ConfigError(f"train.batch_size={given} is not read by RL: an optimizer step trains on its share of "
                               f"the rollout, rollout.prompts_per_step x rollout.samples_per_prompt / "
                               f"algo.minibatches_per_rollout = {batch} sequences; set those instead")
         cfg.train.batch_size = batch
+    elif cfg.train.batch_size is None:
+        cfg.train.batch_size = SUPERVISED_BATCH
     if cfg.train.max_samples < 0:
         raise ConfigError(f"train.max_samples={cfg.train.max_samples} must be >= 0 (0: train.max_steps decides)")
     if cfg.train.max_samples:

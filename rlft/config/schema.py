@@ -35,8 +35,9 @@ class TrainConfig:
     """A budget in training samples instead of steps (0: off): RL and online loops count sampled completions,
     supervised stages the sequences trained on (a preference pair is two). When set it decides max_steps:
     the fewest steps (whole rollouts, whole iterations) that reach it. Every stage logs `samples_seen`."""
-    batch_size: int = 32
-    """Global batch: sequences (or pairs, for reward models) per optimizer step, all ranks together."""
+    batch_size: Optional[int] = None
+    """Global batch: sequences (or pairs, for reward models) per optimizer step, all ranks together. Supervised
+    stages: 32 unless set. RL: derived from the rollout (its share per optimizer step); leave it unset."""
     micro_batch_per_device: int = 8
     """Sequences per forward/backward on one rank; accumulation = batch_size / (micro x ranks)."""
     max_tokens_per_micro_batch: int = 0

@@ -19,7 +19,7 @@ CASES = [  # (overrides, what the one line says)
     (["algo=grpo", "rollout.max_new_tokens=0"], "rollout.max_new_tokens=0 must be >= 1"),
     (["algo=grpo", "algo.clip_eps_low=0"], "algo.clip_eps_low=0.0 must be > 0.0"),
     (["eval.temperature=-1"], "eval.temperature=-1.0 must be > 0.0"),
-    (["algo=grpo", "train.batch_size=64"], "train.batch_size=64 is not read by RL: an optimizer step trains on its "
+    (["algo=grpo", "train.batch_size=32"], "train.batch_size=32 is not read by RL: an optimizer step trains on its "
                                            "share of the rollout"),
     (["algo=sft", "train.max_seq_len=16"], "no SFT example fits train.max_seq_len=16: every training prompt alone"),
 ]
