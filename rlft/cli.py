@@ -39,6 +39,14 @@ Hydra flags (--cfg job, --info, hydra.* keys) pass through to Hydra."""
 
 
 def fail(message: str, code: int = 2) -> None:
+    """The one `rlft: error:` line (exit `code`); under RLFT_DEBUG=1 the traceback of the error being handled
+    comes first."""
+    from rlft.errors import debugging
+
+    if debugging() and sys.exc_info()[0] is not None:
+        import traceback
+
+        traceback.print_exc()
     print(f"rlft: error: {message}", file=sys.stderr)
     raise SystemExit(code)
 

@@ -3,6 +3,8 @@
 them so that the command line, the driver and the ranks share them without importing each other."""
 from __future__ import annotations
 
+import os
+
 
 class ConfigError(ValueError):
     """A configuration problem, reported as one line naming the fix."""
@@ -66,3 +68,8 @@ class Interrupted(RuntimeError):
 USER_ERRORS = (ConfigError, DataError, MissingInputError, LaunchError, UnknownNameError, StageError, NonFiniteError,
                RunDirError, Interrupted, DiskFullError, RewardError)
 """What the command line and the ranks print as one line; anything else is rlft's own bug (a traceback)."""
+
+
+def debugging() -> bool:
+    """RLFT_DEBUG=1: a user error shows its traceback too (each rank's, and the launcher's report), before its line."""
+    return os.environ.get("RLFT_DEBUG", "") not in ("", "0")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from rlft.errors import debugging
 from rlft.worker import user_error_reported
 
 
@@ -19,7 +20,7 @@ class QuietAfterUserError(logging.Filter):
     """Drops the launcher's log records of failed and stopped ranks once a rank has reported a user error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.WARNING and user_error_reported())
+        return not (record.levelno >= logging.WARNING and user_error_reported() and not debugging())
 
 
 def main() -> None:
@@ -30,7 +31,7 @@ def main() -> None:
     try:
         torchrun()
     except ChildFailedError:
-        if user_error_reported():
+        if user_error_reported() and not debugging():
             sys.exit(2)
         raise
 

@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m rlft.worker RESOLVED_CONFIG.yaml")
     from rlft import dist, signals
-    from rlft.errors import USER_ERRORS, Interrupted
+    from rlft.errors import USER_ERRORS, Interrupted, debugging
 
     signals.die_with_parent()  # the launcher's death (however it died) stops this rank
     signals.install()
@@ -37,12 +37,16 @@ def main(argv: list[str]) -> None:
         dist.shutdown()
         exit_now(0)
     except USER_ERRORS as exc:
+        if debugging():
+            import traceback
+
+            traceback.print_exc()
         report(exc)
         # every rank stops on a signal together (they agree on it), so they all exit 0 and the launcher
         # stays quiet; any other error exits non-zero so that the launcher stops the other ranks
         raise SystemExit(0 if isinstance(exc, Interrupted) else 2) from None
     except Exception:
-        if user_error_reported():  # another rank stopped on the user's error: this one only lost its peers
+        if user_error_reported() and not debugging():  # another rank stopped on the user's error: lost peers
             exit_now(2)
         raise
 

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 
-from helpers import TINY, TINY_MODEL, explain, one_line_error, run_cli, stage_dir
+from helpers import TINY, TINY_MODEL, cli_env, explain, one_line_error, run_cli, stage_dir
 
 QUICK_S = 10  # generous: the override checks take ~1 s here, but other jobs share the CPUs
 
@@ -166,3 +166,13 @@ def test_override_checks_do_not_import_torch(tmp_path):
     proc = run_cli(tmp_path, prefix=[sys.executable, "-c", code], timeout=60)
     assert proc.returncode == 0, explain(proc)
     assert proc.stdout.strip() == "[]"
+
+
+def test_rlft_debug_shows_the_traceback_before_the_line(tmp_path):
+    """RLFT_DEBUG=1: a user error's traceback is shown, and the one line still ends stderr."""
+    proc = run_cli(tmp_path, "train", "algo=nope", *TINY, timeout=120, env=cli_env(RLFT_DEBUG="1"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines[0].startswith("Traceback") and "ConfigError" in proc.stderr, proc.stderr
+    assert lines[-1].startswith("rlft: error: ") and "'nope'" in lines[-1]
+    quiet = run_cli(tmp_path, "train", "algo=nope", *TINY, timeout=120)
+    assert len(quiet.stderr.strip().splitlines()) == 1
