@@ -257,7 +257,12 @@ class RewardSet:
         scores = call_with_notice(name, lambda: self.env.scores(rows, completions), self.timeout_s)
         if isinstance(scores, (list, tuple)):
             scores = [getattr(s, "reward", s) for s in scores]
-        values, bad = checked_values(name, scores, len(completions), self.nonfinite)
+        return self.checked(name, scores, len(completions))
+
+    def checked(self, name: str, raw, count: int) -> list[float]:
+        """A user function's values held to the contract (checked_values); a non-finite value counted as 0
+        under reward.nonfinite=zero is said once per function."""
+        values, bad = checked_values(name, raw, count, self.nonfinite)
         if bad and name not in self.warned:
             self.warned.add(name)
             print(f"[rlft] reward {name} returned {bad} non-finite value(s), counted as 0 (reward.nonfinite=zero); "
@@ -279,11 +284,7 @@ class RewardSet:
             per_source[ENV_SOURCE] = self.env_rewards(rows, completions)
         for name, fn in self.fns.items():
             raw = call_with_notice(name, lambda fn=fn: fn(prompts, completions, **fields), self.timeout_s)
-            per_source[name], bad = checked_values(name, raw, len(completions), self.nonfinite)
-            if bad and name not in self.warned:
-                self.warned.add(name)
-                print(f"[rlft] reward {name} returned {bad} non-finite value(s), counted as 0 (reward.nonfinite=zero); "
-                      "said once", flush=True)
+            per_source[name] = self.checked(name, raw, len(completions))
         for name, model in self.models.items():
             per_source[name] = model.outcome(prompt_texts, completions)
         total = torch.zeros(len(completions), dtype=torch.float64)
