@@ -12,10 +12,8 @@ from enum import Enum
 from pathlib import Path
 
 from rlft.config.algorithms import ALGO_SCHEMAS
-
-from rlft.errors import ConfigError
-
 from rlft.config.schema import RENAMED_SECTIONS, SECTIONS
+from rlft.errors import ConfigError
 
 GROUP_KEYS = ("algo", "model", "data", "reward", "env", "deepspeed", "logger", "experiment")
 

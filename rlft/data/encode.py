@@ -30,16 +30,20 @@ def special_strings(tok) -> list[str]:
     return sorted({s for s in getattr(tok, "all_special_tokens", []) if s}, key=len, reverse=True)
 
 
+def spelled(tok, text: str) -> list[str]:
+    """The special tokens whose strings appear in `text`."""
+    return [s for s in special_strings(tok) if s in text]
+
+
 def literal_prompt(tok, text: str, user_texts: list[str]) -> PromptText:
     """`text` (a rendered prompt) as a PromptText that keeps the special-token strings of `user_texts` as text:
     each user text is found where the template put it, in order. Says once per special token that data spells it."""
     out = PromptText(text)
     out.literal = True
-    specials = special_strings(tok)
     spans, cursor = [], 0
     for user in user_texts:
-        spelled = [s for s in specials if s in user]
-        if not spelled:
+        found = spelled(tok, user)
+        if not found:
             continue
         for candidate in (user, user.strip()):
             start = text.find(candidate, cursor)
@@ -47,13 +51,13 @@ def literal_prompt(tok, text: str, user_texts: list[str]) -> PromptText:
                 spans.append((start, start + len(candidate)))
                 cursor = start + len(candidate)
                 break
-        warn_spelled(spelled)
+        warn_spelled(found)
     out.spans = tuple(spans)
     return out
 
 
-def warn_spelled(spelled: list[str]) -> None:
-    new = [s for s in spelled if s not in _SEEN]
+def warn_spelled(found: list[str]) -> None:
+    new = [s for s in found if s not in _SEEN]
     if new:
         _SEEN.update(new)
         print(f"[rlft] data text spells the special token(s) {', '.join(map(repr, new))}: encoded as text "
@@ -62,11 +66,10 @@ def warn_spelled(spelled: list[str]) -> None:
 
 def encode_text(tok, text: str, literal: bool) -> list[int]:
     """The data's own text (a response, a step): with `literal`, a special-token string in it is text."""
-    if literal:
-        spelled = [s for s in special_strings(tok) if s in text]
-        if spelled:
-            warn_spelled(spelled)
-            return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    found = spelled(tok, text) if literal else []
+    if found:
+        warn_spelled(found)
+        return tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -216,11 +219,12 @@ def encode_steps(
         cursor += len(step)
         step_ends.append(cursor)
         cursor += len(sep)
-    literal = _literal(prompt_text) and any(s in step for step in steps for s in special_strings(tok))
-    if literal:
-        warn_spelled([s for s in special_strings(tok) if any(s in step for step in steps)])
-    encoded = tok(sep.join(steps), add_special_tokens=False, return_offsets_mapping=True,
-                  **({"split_special_tokens": True} if literal else {}))
+    response = sep.join(steps)
+    found = spelled(tok, response) if _literal(prompt_text) else []
+    if found:
+        warn_spelled(found)
+    encoded = tok(response, add_special_tokens=False, return_offsets_mapping=True,
+                  **({"split_special_tokens": True} if found else {}))
     prompt_ids = encode_prompt(tok, prompt_text)
     ends = step_end_tokens(encoded["offset_mapping"], step_ends)
     ids, _, truncated = _join(prompt_ids, encoded["input_ids"] + [_eos_id(tok)], max_len)
