@@ -31,10 +31,15 @@ def last_checkpoint_bytes(ckpt_root: Path) -> int:
     return sum(p.stat().st_size for p in ckpts[-1].rglob("*") if p.is_file()) if ckpts else 0
 
 
+def step_dir(ckpt_root: Path, step: int) -> Path:
+    """Where checkpoint step-N lives once complete."""
+    return Path(ckpt_root) / f"step-{step:07d}"
+
+
 def start_checkpoint(ckpt_root: Path, step: int, state_bytes: int) -> Path:
     """Collective: the empty temporary folder for checkpoint step-N (made by the main rank), once every rank
     knows the disk has room for it (the size of the last checkpoint, else `state_bytes`)."""
-    tmp = ckpt_root / f".tmp-step-{step:07d}"
+    tmp = ckpt_root / f".tmp-{step_dir(ckpt_root, step).name}"
     short = space_shortage(ckpt_root, last_checkpoint_bytes(ckpt_root) or state_bytes, f"checkpoint step-{step:07d}")
     if dist.all_reduce_max([float(short is not None)])[0]:  # every rank stops together
         raise DiskFullError(short or "not enough disk space for a checkpoint on another rank")
@@ -50,7 +55,7 @@ def commit_checkpoint(tmp: Path, step: int, cfg, keep: int) -> Path:
     checksums, rename the folder into place, and remove the oldest checkpoints beyond `keep`."""
     from omegaconf import OmegaConf
 
-    final = tmp.parent / f"step-{step:07d}"
+    final = step_dir(tmp.parent, step)
     (tmp / CHECKPOINT_CONFIG).write_text(json.dumps(OmegaConf.to_container(cfg, resolve=True), default=str))
     write_checksums(tmp)
     shutil.rmtree(final, ignore_errors=True)

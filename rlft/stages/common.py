@@ -263,7 +263,7 @@ def stop_if_signalled(ctx: StageContext, done: int, save: Callable[[], Path]) ->
     train = ctx.cfg.train
     if done == train.max_steps:
         return  # the stage is finishing anyway
-    existing = ctx.ckpt_root / f"step-{done:07d}"
+    existing = checkpoints.step_dir(ctx.ckpt_root, done)
     path = existing if existing.is_dir() else (save() if train.save_on_signal else None)
     raise Interrupted(f"stopped by {why} after step {done}/{train.max_steps}; "
                               + (f"checkpoint {path}; continue with the same command and resume=true" if path else

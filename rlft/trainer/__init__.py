@@ -296,7 +296,7 @@ class Trainer:
         dist.barrier()
         final = checkpoints.commit_checkpoint(tmp, step, self.cfg, keep) if self.info.is_main else None
         dist.barrier()
-        return final or ckpt_root / f"step-{step:07d}"
+        return final or checkpoints.step_dir(ckpt_root, step)
 
     def load_checkpoint(self, path: Path, companions: dict[str, "Trainer"] | None = None) -> dict:
         """Restore a checkpoint written by save_checkpoint (and its companions); returns its client_state."""
