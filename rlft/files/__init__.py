@@ -15,6 +15,8 @@
   resume config diff.
 - `integrity`: checksum lists, and the disk-space checks before and during a write.
 - `rundir`: the stage lock, a dead writer's temporaries, refusing to overwrite a completed stage.
+- `cache`: folders derived once from a model the user names (a GGUF file's plain folder, an adapter
+  merged onto its base), under `$RLFT_CACHE/models/`.
 
 Everything here writes through a temporary path that is renamed into place, so a folder that exists is
 complete. The trainer (rlft/trainer) only produces the state that goes in.

@@ -59,7 +59,8 @@ def write_manifest(directory: Path, *, stage: str, parent: str, summary: dict, r
 
 def resolve_model_path(cfg, path: str | None = None) -> str:
     """Turn model.path into something loadable: builtin:tiny, a directory or a hub id (a GGUF file or
-`package:<module>` becomes its converted folder, rlft/gguf.py).
+`package:<module>` becomes its converted folder, rlft/gguf.py; a LoRA adapter folder its merged model,
+rlft/lora.py).
 
     `auto` means the algorithm's default input; `stage:<algo>` means this run's output of
     that stage, which must be complete."""
@@ -86,6 +87,10 @@ def resolve_model_path(cfg, path: str | None = None) -> str:
     if gguf.is_gguf(path):  # a GGUF file, or the one a package ships: its plain folder (converted once)
         return gguf.plain_folder(path)
     local = Path(path).expanduser()
+    if (local / "adapter_config.json").is_file() and not (local / "config.json").is_file():
+        from rlft import lora  # a LoRA adapter folder: merged onto its base (once)
+
+        return lora.merged_folder(local, lambda base: resolve_model_path(cfg, base), cfg.model.trust_remote_code)
     if local.exists():
         if not (local / "config.json").is_file():
             raise MissingInputError(f"{local} is not a Hugging Face model directory (no config.json)")
@@ -129,6 +134,20 @@ def save_hf_dir(model, state_dict, tokenizer, out_dir: Path) -> None:
             model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         write_checksums(tmp)
+    except (OSError, RuntimeError) as exc:
+        raise_if_disk_full(exc, tmp, str(out_dir))
+        raise
+    replace_dir(tmp, out_dir)
+
+
+def save_adapter_dir(peft_model, out_dir: Path) -> None:
+    """A LoRA adapter folder written by peft (PeftModel.save_pretrained) into a temporary sibling, then renamed
+    over out_dir."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        peft_model.save_pretrained(str(tmp), safe_serialization=True)
     except (OSError, RuntimeError) as exc:
         raise_if_disk_full(exc, tmp, str(out_dir))
         raise

@@ -23,7 +23,7 @@ from rlft import dist, lora
 from rlft.config.arithmetic import grad_accum_steps
 from rlft.errors import NonFiniteError
 from rlft.files import checkpoints
-from rlft.files.handoff import save_hf_dir
+from rlft.files.handoff import save_adapter_dir, save_hf_dir
 from rlft.files.integrity import raise_if_disk_full
 
 
@@ -235,21 +235,27 @@ class Trainer:
         """(checkpoint name, full tensor) for every parameter, one at a time (a rollout engine's
         weight sync); a tied parameter comes under each of its names, as in a checkpoint. Under
         ZeRO-3 each parameter is gathered, handed out as a copy and released before the next, so
-        at most one gathered parameter exists beside the shards."""
-        named = self._named_weights()
-        yield from lora.merged_weights(self.module, named) if self.has_adapter else named
-
-    def _named_weights(self):
+        at most one gathered parameter (with LoRA: one layer's base, A and B) exists beside the shards."""
+        if self.has_adapter:
+            yield from lora.merged_weights(self.module, self.module.named_parameters(remove_duplicate=False),
+                                           self._gathered)
+            return
         if self.cfg.deepspeed.zero_stage != 3:
             for name, p in self.module.named_parameters(remove_duplicate=False):
-                yield name, lora.plain_weight(p).detach()  # a 4-bit (QLoRA) base dequantized
+                yield name, p.detach()
             return
-        import deepspeed
-
         for name, p in self.module.named_parameters(remove_duplicate=False):
-            with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+            with self._gathered([p]):
                 full = p.detach().clone()
             yield name, full
+
+    def _gathered(self, params):
+        """The parameters whole for the duration (ZeRO-3 gathers them; other stages hold them whole)."""
+        if self.cfg.deepspeed.zero_stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     def state_bytes(self) -> int:
         """Bytes of this trainer's resumable state on all ranks, roughly: fp32 weights and, when it trains,
@@ -334,19 +340,17 @@ class Trainer:
         Collective: every rank must call it. Only rank 0 writes; nothing is written when a weight is
         not finite (NonFiniteError on every rank)."""
         state = self.full_state_dict()
-        adapter = None
-        if self.has_adapter and self.info.is_main:  # final/ is the plain model, the adapter goes beside it
-            state = lora.dequantized_state_dict(self.module, state)  # QLoRA: the base in the model's precision
-            adapter, state = state, lora.merged_state_dict(self.module, state)
         bad = 0.0
-        if self.info.is_main:
+        if self.info.is_main:  # the adapter's tensors too: a merged weight is finite when its parts are
             bad = float(not all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point()))
         if dist.all_reduce_max([bad])[0]:
             raise NonFiniteError(f"the trained weights are not finite (NaN or inf); {out_dir} was not written; "
                                  "lower train.lr or check the data")
         if self.info.is_main:
+            if self.has_adapter:  # final/ is the plain model, peft's adapter folder goes beside it
+                state = lora.dequantized_state_dict(self.module, state)  # QLoRA: the base in the model's precision
+                wrapped = lora.peft_copy(self.module, state)
+                save_adapter_dir(wrapped, Path(out_dir).with_name(Path(out_dir).name + "-adapter"))
+                state = wrapped.merge_and_unload().state_dict()
             save_hf_dir(self.module, state, tokenizer, Path(out_dir))
-            if adapter is not None:
-                out_dir = Path(out_dir)
-                lora.save_adapter(self.module, adapter, out_dir.with_name(out_dir.name + "-adapter"))
         dist.barrier()

@@ -1,12 +1,15 @@
 """LoRA adapters (model.lora.rank > 0) in every stage: only the adapter (and a reward model's head)
 trains, final/ is a plain transformers model equal to parent + adapter, the adapter is saved beside it
-in peft's format, RL's reference is the base model with the adapter off, ZeRO-3 on 2 ranks and exact
-resume work."""
+in peft's format (merge_and_unload of base + adapter is final/), an adapter folder is a model.path, RL's
+reference is the base model with the adapter off, ZeRO-3 on 2 ranks and exact resume work."""
 from __future__ import annotations
+
+import json
 
 import torch
 
-from helpers import RL_SMALL, USER_REWARD, check_ok, load_safetensors, make_parents, read_metrics, rl_cli, stage_dir
+from helpers import (RL_SMALL, TINY, USER_REWARD, check_ok, load_safetensors, make_parents, read_metrics, rl_cli,
+                     rl_env, run_cli, stage_dir)
 
 RUN = "lo"
 LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
@@ -58,6 +61,7 @@ def test_lora_in_sft_reward_models_and_dpo(tmp_path):
         check_ok(rl_cli(tmp_path, "train", f"algo={algo}", f"run.name={RUN}", "train.max_steps=2", *SMALL, *LORA))
         final = stage_dir(tmp_path, RUN, algo) / "final"
         check_only_adapter_trained(final, sft, head)
+    check_adapter_folders(tmp_path, sft)
     # a LoRA SFT from the built-in model: final/ loads in plain transformers with the logits of base + adapter
     check_ok(rl_cli(tmp_path, "train", "algo=sft", f"run.name={RUN}", "run.dir=runs/lo/sft_lora",
                     "train.max_steps=3", *SMALL, *LORA))
@@ -74,6 +78,42 @@ def test_lora_in_sft_reward_models_and_dpo(tmp_path):
     plain = AutoModelForCausalLM.from_pretrained(lora_dir / "final")
     ids = torch.randint(3, 40, (2, 11))
     torch.testing.assert_close(plain(input_ids=ids).logits, with_adapter(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    # its adapter names no base (the built-in model is built fresh): as a model.path it is refused in one line
+    proc = eval_cli(tmp_path, lora_dir / "final-adapter")
+    assert proc.returncode == 2 and "names no base model" in proc.stderr and str(lora_dir / "final") in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def eval_cli(tmp_path, model_path):
+    env = {**rl_env(), "RLFT_CACHE": str(tmp_path / "cache")}
+    return run_cli(tmp_path, "eval", f"run.name={RUN}", f"model.path={model_path}", "eval.num_problems=2",
+                   "eval.samples=2", "eval.k=[1,2]", *TINY, env=env)
+
+
+def check_adapter_folders(tmp_path, sft):
+    """DPO's adapter folder is peft's (its config names the SFT model as the base), merge_and_unload of base +
+    adapter is final/ exactly, and the folder as a model.path is read merged (once, into the model cache)."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    dpo = stage_dir(tmp_path, RUN, "dpo")
+    adapter_dir = dpo / "final-adapter"
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(sft.resolve()) and config["task_type"] == "CAUSAL_LM"
+    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    merged = peft.PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload().state_dict()
+    final = load_safetensors(dpo / "final")
+    assert set(final) <= set(merged)
+    assert all(torch.equal(final[k], merged[k]) for k in final)
+    check_ok(eval_cli(tmp_path, adapter_dir))
+    [folder] = (tmp_path / "cache" / "models").iterdir()
+    cached = load_safetensors(folder)
+    assert set(cached) == set(final) and all(torch.equal(final[k], cached[k]) for k in final)
+    # a reward model's adapter does not carry its trained head: refused, naming the merged model
+    rm_adapter = stage_dir(tmp_path, RUN, "rm") / "final-adapter"
+    proc = eval_cli(tmp_path, rm_adapter)
+    assert proc.returncode == 2 and "use the merged model beside it" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_lora_rl_uses_the_base_model_as_reference(tmp_path):
