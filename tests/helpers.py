@@ -289,3 +289,18 @@ class Scripted:
                            completion_ids=[list(ids) for _ in range(rows)], texts=[""] * rows,
                            truncated=[False] * rows, logp=[[-1.0] * len(ids) for _ in range(rows)],
                            stopped=[stopped] * rows)
+
+
+def compose_config(*overrides: str):
+    """rlft's composed config for these overrides (Hydra, the package's conf/), as a run sees it before
+    validation."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rlft.config.schema import register_schemas
+    from rlft.overrides import conf_dir
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose("config", overrides=list(overrides))

@@ -183,6 +183,12 @@ class RolloutConfig:
     """Importance weights per token or per sequence (product of the token ratios)."""
     is_cap: float = 2.0
     """C: tis truncates the weights at C; mis drops tokens (sequences) whose weight exceeds C from the loss."""
+    max_staleness: int = 0
+    """RL: 0 samples each rollout from the current weights; K > 0 samples rollouts r+1..r+K in a sampler
+    process beside the trainer while rollout r trains (rollout j from the weights after j - K updates), the
+    lag corrected by is_correction (auto: tis). docs/algorithms.md, "Asynchronous RL"."""
+    sampler_threads: int = read_when("async", 1)
+    """max_staleness > 0: CPU threads of the sampler process (deepspeed.threads_per_rank are the trainer's)."""
 
 
 @dataclass

@@ -28,6 +28,9 @@ def validate(cfg) -> None:
     train, ds_opts = cfg.train, cfg.deepspeed
     if algo_spec(cfg.algo).rl:
         validate_rl(cfg)
+    elif cfg.rollout.max_staleness:
+        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness} is set but never used: only the online "
+                          f"RL loop samples asynchronously, not algo={cfg.algo.name}; remove it")
     validate_numbers(cfg)
     check_unused_options(cfg)
     check_builtin_only(cfg)
@@ -134,6 +137,9 @@ def validate_rollout(rollout) -> None:
     if rollout.vllm.tensor_parallel_size < 1 or not 0 < rollout.vllm.gpu_memory_utilization <= 1:
         raise ConfigError("rollout.vllm.tensor_parallel_size must be >= 1 and rollout.vllm.gpu_memory_utilization "
                           "in (0, 1]")
+    if rollout.max_staleness < 0 or rollout.sampler_threads < 0:
+        raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} and rollout.sampler_threads="
+                          f"{rollout.sampler_threads} must be >= 0")
     if rollout.max_new_tokens < 0 or rollout.batch_size < 1:
         raise ConfigError("rollout.max_new_tokens must be >= 0 and rollout.batch_size >= 1")
 
@@ -197,8 +203,14 @@ def _policy_source_unread(cfg, key):
         return "it applies only with algo.source=policy"
 
 
+def _async_unread(cfg, key):
+    if int(cfg.rollout.max_staleness) == 0:
+        return "only asynchronous sampling (rollout.max_staleness > 0) reads it"
+
+
 # read_when rule (rlft/config/fields.py) -> (cfg, field name) -> why this run does not read it, or None
 READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
+    "async": _async_unread,
     "critic": _critic_unread,
     "loss_option": _loss_option_unread,
     "per_token_update": _per_token_update_unread,
@@ -260,6 +272,9 @@ def validate_rl(cfg) -> None:
     algo, rollout, world = cfg.algo, cfg.rollout, cfg.deepspeed.nproc_per_node * cfg.deepspeed.nnodes
     if algo.kl_coef < 0:
         raise ConfigError(f"algo.kl_coef={algo.kl_coef} must be >= 0")
+    if rollout.max_staleness and rollout.dynamic_sampling:
+        raise ConfigError("rollout.dynamic_sampling=true samples again within a rollout from the current weights, "
+                          "which asynchronous sampling (rollout.max_staleness > 0) does not; use one of them")
     for key, registry in [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
                           ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)]:
         _check_choice(f"algo.{key}", getattr(algo, key), registry.names())

@@ -102,8 +102,11 @@ class ReasoningGymEnv(Environment):
                 held = {r["prompt"] for r in self.rows("test")}
                 kept = [r for r in rows if r["prompt"] not in held]
                 if len(kept) < len(rows):
-                    print(f"[rlft] env=reasoning_gym: dropped {len(rows) - len(kept)} training row(s) whose question "
-                          "is also held out", flush=True)
+                    few = len(kept) < len(rows) / 2  # the task's settings allow few distinct questions
+                    print(f"[rlft] env=reasoning_gym: dropped {len(rows) - len(kept)} of {len(rows)} training row(s) "
+                          "whose question is also held out" + ("; these task settings have few distinct questions: "
+                                                               "widen env.task_config or lower env.test_size"
+                                                               if few else ""), flush=True)
                 rows = kept
                 limit = self.cfg.data.max_train_rows
             else:

@@ -26,6 +26,7 @@ from rlft.algos import (ADVANTAGES, IS_CORRECTIONS, AdvantageConfig, AdvantageIn
                         dynamic_sampling_keep_mask, pair_rollout_inputs)
 from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.envs import episodes
+from rlft.files import handoff
 from rlft.microbatch import rollout_groups
 from rlft.models import token_scores
 from rlft.rewards.scoring import ExactSteps, RewardSet
@@ -114,9 +115,12 @@ def batched_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
 def is_correction(cfg, sampler) -> str:
     """The engine-mismatch correction `rollout.is_correction` names; auto: tis for vLLM, whose log-probs
-    differ from the trainer's, none for the trainer's own forward (hf)."""
+    differ from the trainer's, and for asynchronous sampling, whose weights lag; none for the trainer's own
+    forward (hf)."""
     rollout = cfg.rollout
-    return rollout.is_correction if rollout.is_correction != "auto" else sampler.default_is_correction
+    if rollout.is_correction != "auto":
+        return rollout.is_correction
+    return "tis" if rollout.max_staleness else sampler.default_is_correction  # async: the sampler lags
 
 
 def minibatch_shard(indices: list[int], minibatches: int, rank: int, world: int) -> list[int]:
@@ -151,6 +155,7 @@ class Experience:
         self.sampler, self.env, self.rewards = sampler, env, rewards
         self.reference, self.critic, self.step_scorer = reference, critic, step_scorer
         self.is_correction = is_correction
+        self.ahead = None  # the AsyncSampler (rollout.max_staleness > 0)
         rollout = cfg.rollout
         self.sampling = Sampling(rollout.max_new_tokens, True, rollout.temperature, rollout.top_p, rollout.top_k)
         self.train_rows = env.rows("train") if env is not None else []
@@ -159,8 +164,10 @@ class Experience:
         self.times = dict.fromkeys(PHASES, 0.0)  # seconds per phase since the last `take_times`
 
     @classmethod
-    def build(cls, cfg, info: dist.DistInfo, tokenizer, policy, reference=None, critic=None) -> "Experience":
-        """The configured environment, rewards, step scorer and rollout engine around `policy`."""
+    def build(cls, cfg, info: dist.DistInfo, tokenizer, policy, reference=None, critic=None,
+              model_path: str | None = None) -> "Experience":
+        """The configured environment, rewards, step scorer and rollout engine around `policy`; with
+        rollout.max_staleness > 0 also the sampler process (its model built from `model_path`)."""
         env = envs.build(cfg, tokenizer)
         rewards = RewardSet(cfg, info.device, env)
         step_scorer = None
@@ -171,8 +178,16 @@ class Experience:
         rollout, correction = cfg.rollout, is_correction(cfg, sampler)
         dist.print0(f"[rlft] rollout engine: {why}; importance-sampling correction: {correction}"
                     + (f" ({rollout.is_level}, C={rollout.is_cap})" if correction != "none" else ""))
-        return cls(cfg, info, tokenizer, policy, sampler=sampler, env=env, rewards=rewards, reference=reference,
-                   critic=critic, step_scorer=step_scorer, is_correction=correction)
+        experience = cls(cfg, info, tokenizer, policy, sampler=sampler, env=env, rewards=rewards, reference=reference,
+                         critic=critic, step_scorer=step_scorer, is_correction=correction)
+        if rollout.max_staleness:
+            from rlft.rollout.async_sampler import AsyncSampler
+
+            experience.ahead = AsyncSampler(cfg, model_path or handoff.resolve_model_path(cfg),
+                                            threads=int(rollout.sampler_threads))
+            dist.at_shutdown(experience.ahead.close)
+            dist.print0(f"[rlft] asynchronous sampling: {experience.ahead.describe()}")
+        return experience
 
     @property
     def needs(self) -> frozenset[str]:
@@ -218,24 +233,31 @@ class Experience:
         return episodes.sample(self.sampler, self.env, rows, prompt_ids, n, sampling, seed, self.tokenizer,
                                episodes.limits(self.cfg, self.env, self.tokenizer))
 
+    def prompts(self, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
+        """The rows' rendered prompts and their token ids."""
+        prompt_texts = [inputs.render(self.cfg, self.tokenizer, r) for r in rows]
+        return prompt_texts, encode_prompts(self.tokenizer, prompt_texts, self.prompt_budget, "rollout")
+
     def sample(self, rows: list[dict], seed: int) -> rb.Rollout:
         """G trajectories for each row, as padded tensors (no scores yet)."""
         with self.timed("sample"):
-            G, tok = self.cfg.rollout.samples_per_prompt, self.tokenizer
-            prompt_texts = [inputs.render(self.cfg, tok, r) for r in rows]
-            prompt_ids = encode_prompts(tok, prompt_texts, self.prompt_budget, "rollout")
-            gens = self.episodes(rows, prompt_ids, G, self.sampling, seed)
-            self.samples_drawn += len(gens.texts)
-            per_prompt = [prompt_ids[i] for i in gens.prompt_index]
-            ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id, gens.token_mask)
-            episode = {} if gens.turns is None else \
-                {"turns": gens.turns, "tool_calls": gens.tool_calls, "tool_errors": gens.tool_errors}
-            return rb.Rollout(rows=[rows[i] for i in gens.prompt_index],
-                              prompt_texts=[prompt_texts[i] for i in gens.prompt_index],
-                              completions=gens.texts, completion_ids=gens.completion_ids, input_ids=ids,
-                              attention_mask=attn, mask=mask, truncated=torch.tensor(gens.truncated),
-                              prompt_lens=[len(p) for p in per_prompt], sampler_logp=gens.logp,
-                              token_mask=gens.token_mask, episode=episode)
+            prompt_texts, prompt_ids = self.prompts(rows)
+            gens = self.episodes(rows, prompt_ids, self.cfg.rollout.samples_per_prompt, self.sampling, seed)
+            return self.to_rollout(rows, prompt_texts, prompt_ids, gens)
+
+    def to_rollout(self, rows: list[dict], prompt_texts: list[str], prompt_ids: list[list[int]], gens) -> rb.Rollout:
+        tok = self.tokenizer
+        self.samples_drawn += len(gens.texts)
+        per_prompt = [prompt_ids[i] for i in gens.prompt_index]
+        ids, attn, mask = rb.build_sequences(per_prompt, gens.completion_ids, tok.pad_token_id, gens.token_mask)
+        episode = {} if gens.turns is None else \
+            {"turns": gens.turns, "tool_calls": gens.tool_calls, "tool_errors": gens.tool_errors}
+        return rb.Rollout(rows=[rows[i] for i in gens.prompt_index],
+                          prompt_texts=[prompt_texts[i] for i in gens.prompt_index],
+                          completions=gens.texts, completion_ids=gens.completion_ids, input_ids=ids,
+                          attention_mask=attn, mask=mask, truncated=torch.tensor(gens.truncated),
+                          prompt_lens=[len(p) for p in per_prompt], sampler_logp=gens.logp,
+                          token_mask=gens.token_mask, episode=episode)
 
     def score(self, ro: rb.Rollout) -> None:
         """Total reward and the truncation policy; step scores when the estimator needs them."""
@@ -250,32 +272,64 @@ class Experience:
                 ro.put(step_scores=probs, step_ends=[rb.step_columns(self.tokenizer, c, e, p) if e else []
                                                      for c, e, p in zip(ro.completion_ids, char_ends, ro.prompt_lens)])
 
+    def rank_rows(self, rollout_index: int, seed_offset: int = 0) -> list[dict]:
+        """This rank's training rows of a rollout (a pure function of the rollout's index and the seed)."""
+        rollout_cfg, info = self.cfg.rollout, self.info
+        idx = common.step_indices(rollout_index, rollout_cfg.prompts_per_step, len(self.train_rows),
+                                  self.cfg.seed + seed_offset)
+        mine = minibatch_shard(idx, self.cfg.algo.minibatches_per_rollout, info.rank, info.world_size)
+        return [self.train_rows[i] for i in mine]
+
+    def sampling_seed(self, rollout_index: int, round_: int = 0) -> int:
+        """The engine's sampling seed (vllm, the async sampler; hf in the trainer draws from torch's generator)."""
+        return ((self.cfg.seed * 1_000_003 + rollout_index) * 31 + round_) * 4099 + self.info.rank
+
     def rollout(self, rollout_index: int) -> rb.Rollout:
         """Sample and score this rank's prompts; dynamic sampling refills all-equal groups."""
-        rollout_cfg, info = self.cfg.rollout, self.info
+        if self.ahead is not None:
+            return self.rollout_ahead(rollout_index)
+        rollout_cfg = self.cfg.rollout
         G = rollout_cfg.samples_per_prompt
-
-        def rank_rows(seed_offset: int) -> list[dict]:
-            idx = common.step_indices(rollout_index, rollout_cfg.prompts_per_step, len(self.train_rows),
-                                      self.cfg.seed + seed_offset)
-            mine = minibatch_shard(idx, self.cfg.algo.minibatches_per_rollout, info.rank, info.world_size)
-            return [self.train_rows[i] for i in mine]
-
-        def seed(round_: int) -> int:  # the engine's sampling seed (vllm; hf draws from torch's generator)
-            return ((self.cfg.seed * 1_000_003 + rollout_index) * 31 + round_) * 4099 + info.rank
-
-        ro = self.sample(rank_rows(0), seed(0))
+        ro = self.sample(self.rank_rows(rollout_index), self.sampling_seed(rollout_index))
         self.score(ro)
         if rollout_cfg.dynamic_sampling:
             for round_ in range(1, rollout_cfg.max_sampling_rounds):
                 keep = dynamic_sampling_keep_mask(ro.scores, G)
                 if bool(keep.all()):
                     break
-                extra = self.sample(rank_rows(7919 * round_), seed(round_))
+                extra = self.sample(self.rank_rows(rollout_index, 7919 * round_),
+                                    self.sampling_seed(rollout_index, round_))
                 self.score(extra)
                 ro = merge_informative(ro, extra, keep, dynamic_sampling_keep_mask(extra.scores, G), G,
                                        self.tokenizer.pad_token_id)
         self.sampler.sleep()  # a GPU engine frees its memory for the trainer until the next sync
+        return ro
+
+    # ------------------------------------------------------------------ asynchronous sampling
+    def schedule(self, rollout_index: int) -> None:
+        """Before rollout r trains: send the sampler the policy's weights (version r) and ask it for every
+        rollout up to r + K not yet asked, so rollout j is sampled from version max(0, j - K)."""
+        ahead, version = self.ahead, rollout_index
+        with self.timed("sample"):
+            ahead.push(version, self.policy.named_weights())
+            for j in range(rollout_index, rollout_index + ahead.max_staleness + 1):
+                if j in ahead.pending:
+                    continue
+                rows = self.rank_rows(j)
+                prompt_texts, prompt_ids = self.prompts(rows)
+                ahead.ask(j, version, rows, prompt_texts, prompt_ids, self.cfg.rollout.samples_per_prompt,
+                          self.sampling, self.sampling_seed(j))
+
+    def rollout_ahead(self, rollout_index: int) -> rb.Rollout:
+        """Rollout r from the sampler (sampled while earlier rollouts trained), scored here."""
+        with self.timed("sample"):
+            request, gens, busy_s = self.ahead.take(rollout_index)
+        ro = self.to_rollout(request.rows, request.prompt_texts, request.prompt_ids, gens)
+        ro.metrics.update(staleness=rollout_index - request.version, sampler_busy_s=busy_s)
+        if ro.metrics["staleness"] > self.ahead.max_staleness:  # the schedule rules this out
+            raise RuntimeError(f"rollout {rollout_index} came from weights version {request.version}, more than "
+                               f"rollout.max_staleness={self.ahead.max_staleness} behind")
+        self.score(ro)
         return ro
 
     # ------------------------------------------------------------------ what the update reads
@@ -294,8 +348,9 @@ class Experience:
             if "old_logp" in needs and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
                 rollout = self.cfg.rollout
                 engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])
-                weight, keep, ro.metrics = IS_CORRECTIONS.get(self.is_correction)(
+                weight, keep, measured = IS_CORRECTIONS.get(self.is_correction)(
                     ro.get("old_logp"), engine_logp, ro.mask, ISConfig(rollout.is_level, rollout.is_cap))
+                ro.metrics.update(measured)
                 if "is_weight" in needs:
                     ro.put(is_weight=weight)
         return keep

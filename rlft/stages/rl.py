@@ -112,7 +112,12 @@ def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
         for name in ("engine_logp_gap_mean", "is_weight_mean", "is_corrected_frac"):
             if name in ro.metrics:
                 stats.add(name, float(ro.metrics[name]) * tokens, tokens)
-        stats.add_max("engine_logp_gap_max", float(ro.metrics["engine_logp_gap_max"]))
+        if "engine_logp_gap_max" in ro.metrics:
+            stats.add_max("engine_logp_gap_max", float(ro.metrics["engine_logp_gap_max"]))
+    if "staleness" in ro.metrics:  # asynchronous sampling: versions behind, and the sampler's own time
+        stats.add("staleness_mean", float(ro.metrics["staleness"]), 1.0)
+        stats.add_max("staleness_max", float(ro.metrics["staleness"]))
+        stats.add("time/sampler_busy_s", float(ro.metrics["sampler_busy_s"]), 1.0)
     if G > 1:
         stats.add("frac_zero_std", float(frac_zero_std_groups(ro.scores, G)) * (n / G), n / G)
 
@@ -130,7 +135,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
         if policy.has_adapter:
             dist.print0("[rlft] reference: the policy's base weights with its LoRA adapter off (no second copy)")
     critic = build_critic(cfg, tokenizer) if trains_critic(cfg) else None
-    experience = Experience.build(cfg, ctx.info, tokenizer, policy, reference, critic)
+    experience = Experience.build(cfg, ctx.info, tokenizer, policy, reference, critic, model_path=parent)
     update = Update(cfg, policy, critic)
     kl = KL(algo)
     iterations = iterative.Iterations(cfg, ctx, experience, policy,
@@ -143,6 +148,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
     experience.samples_drawn = int(resumed.get("samples_drawn", 0))
     if "kl_coef" in resumed:  # the adaptive KL controller's value when the checkpoint was written
         kl.restore(resumed["kl_coef"])
+    if experience.ahead is not None and resumed.get("in_flight"):
+        experience.ahead.restore(resumed["in_flight"][ctx.info.rank])
     if start_step and iterations.count > 1:  # the reward models and reference of the iteration resumed into
         iterations.restore(start_step // steps_per_rollout - 1, resumed.get("samples_log", []))
         common.set_rng_state(resumed["rng"])  # loading those models may have drawn random numbers
@@ -151,6 +158,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
     def run_rollout(r: int) -> None:
         if iterations.starts(r):
             iterations.next(r)
+        if experience.ahead is not None:  # asynchronous: this version's weights out, rollouts up to r+K asked
+            experience.schedule(r)
         try:
             ro = experience.collect(r, kl.coef)
         except RewardError as exc:  # the user's function: say where the run can continue from once it is fixed
@@ -175,7 +184,10 @@ def run(cfg, ctx: common.StageContext) -> dict:
         return metrics
 
     def client_state() -> dict:
-        return {"kl_coef": kl.coef, "samples_drawn": experience.samples_drawn, **iterations.state()}
+        state = {"kl_coef": kl.coef, "samples_drawn": experience.samples_drawn, **iterations.state()}
+        if experience.ahead is not None:  # every rank's rollouts in flight: a resume trains the same samples
+            state["in_flight"] = dist.all_gather_object(experience.ahead.drain())
+        return state
 
     summary = common.training_loop(ctx, policy, start_step, run_rollout, logged, steps_per_unit=steps_per_rollout,
                                    evaluate=experience.greedy_accuracy, eval_every=algo.eval_every,

@@ -118,6 +118,15 @@ def test_reasoning_gym_rows_are_seeded_disjoint_and_scored_by_the_task():
     assert env.demonstration(row) == [(f"#### {row['answer']}", True)]
 
 
+def test_reasoning_gym_says_when_its_task_settings_have_few_distinct_questions(capsys):
+    """count_bits up to 7 has 7 questions: most training rows repeat a held-out one and are dropped."""
+    cfg = cfg_with(name="reasoning_gym", task="count_bits", task_config={"min_n": 1, "max_n": 7}, train_size=40,
+                   test_size=10)
+    train = envs.build(cfg).rows("train")
+    out = capsys.readouterr().out
+    assert len(train) < 20 and f"of 40 training row(s)" in out and "widen env.task_config" in out
+
+
 def test_reasoning_gym_tasks_mix_by_weight_with_their_own_options():
     cfg = cfg_with(name="reasoning_gym", tasks={"chain_sum": 1, "basic_arithmetic": 3}, train_size=80, test_size=8,
                    task_config={"chain_sum": {"min_terms": 2, "max_terms": 2}})

@@ -1,7 +1,8 @@
 """Pieces of the RL loop: global loss denominators, dynamic-sampling merges, metric sums,
-iterative RM pairs and offline-RFT de-duplication."""
+iterative RM pairs, offline-RFT de-duplication and a stale (asynchronous) rollout's loss."""
 from __future__ import annotations
 
+import math
 import os
 from types import SimpleNamespace
 
@@ -14,6 +15,8 @@ from rlft.data.labels import outcome_pairs
 from rlft.rollout import batch as rb
 from rlft.stages import experience, rft, rl, update
 from rlft.stages.common import Sums
+
+from helpers import TINY_MODEL, compose_config
 
 PAD, EOS = 0, 2
 
@@ -234,7 +237,57 @@ def test_each_rollout_engine_declares_its_default_correction():
 
     assert set(generate.BUILDERS) == set(sampling.ENGINES) - {"auto"}
     assert generate.HFEngine.default_is_correction == "none" and VLLMEngine.default_is_correction == "tis"
-    cfg = SimpleNamespace(rollout=SimpleNamespace(is_correction="auto"))
+    cfg = SimpleNamespace(rollout=SimpleNamespace(is_correction="auto", max_staleness=0))
     assert experience.is_correction(cfg, SimpleNamespace(default_is_correction="tis")) == "tis"
+    assert experience.is_correction(cfg, SimpleNamespace(default_is_correction="none")) == "none"
+    cfg.rollout.max_staleness = 1  # asynchronous: the sampler's weights lag, whatever its engine
+    assert experience.is_correction(cfg, SimpleNamespace(default_is_correction="none")) == "tis"
     cfg.rollout.is_correction = "mis"
     assert experience.is_correction(cfg, SimpleNamespace(default_is_correction="tis")) == "mis"
+
+
+class CapturingPolicy:
+    """The model as the update's policy: records each loss it is asked to backpropagate."""
+
+    def __init__(self, module):
+        self.module, self.device, self.losses = module, torch.device("cpu"), []
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss, last=True):
+        self.losses.append(float(loss))
+
+    def step(self):
+        pass
+
+
+def test_a_stale_rollouts_loss_is_the_off_policy_loss_with_truncated_weights(one_rank):
+    """K = 1: the rollout was sampled by the previous weights (the sampler's log-probs mu), the update's ratio
+    is against pi_old (the current weights), each token weighted by min(pi_old / mu, C). At the first
+    optimizer step the ratio is 1, so the loss is -(1/N) sum_i A_i mean_t min(exp(old_it - mu_it), C)."""
+    from rlft.algos import IS_CORRECTIONS, ISConfig
+    from rlft.models import load_model, load_tokenizer
+
+    cfg = compose_config("algo=grpo", "rollout.samples_per_prompt=2", "algo.kl_coef=0", *TINY_MODEL)
+    tokenizer = load_tokenizer(cfg.model, "builtin:tiny")
+    model = load_model(cfg.model, "builtin:tiny", tokenizer, seed=cfg.seed)
+    prompt, completions = [5, 6, 7], [[8, 9, 10, 2], [11, 12, 2]]
+    ids, attn, mask = rb.build_sequences([prompt, prompt], completions, tokenizer.pad_token_id)
+    ro = rb.Rollout(rows=[{}, {}], prompt_texts=["", ""], completions=["", ""], completion_ids=completions,
+                    input_ids=ids, attention_mask=attn, mask=mask, truncated=torch.tensor([False, False]),
+                    prompt_lens=[3, 3])
+    fake = CapturingPolicy(model)
+    old = experience.rollout_logp(fake, ro, 8, 1.0)
+    shifts = torch.tensor([[0.3, -0.2, 1.5, 0.0], [-0.4, 0.9, 0.1, 0.0]])  # log(pi_old / mu) on the response
+    mu = old.clone()
+    for i, completion in enumerate(completions):
+        cols = mask[i].nonzero().flatten()
+        mu[i, cols] = old[i, cols] - shifts[i, :len(completion)]
+    weight, _, _ = IS_CORRECTIONS.get("tis")(old, mu, mask, ISConfig("token", 2.0))
+    adv = torch.tensor([[1.0], [-0.5]]).expand_as(mask).clone()
+    ro.put(old_logp=old, is_weight=weight, adv=adv)
+    update.update_policy(fake, ro, Sums(), update.Shape.of(cfg), kl_coef=0.0)
+    by_hand = -sum(a * sum(min(math.exp(s), 2.0) for s in shifts[i, :len(c)].tolist()) / len(c)
+                   for i, (a, c) in enumerate(zip([1.0, -0.5], completions))) / 2
+    assert fake.losses == pytest.approx([by_hand], rel=1e-6)
