@@ -24,6 +24,7 @@ differs, stops the run with an error naming the version, never a silent run on o
 """
 from __future__ import annotations
 
+import os
 import queue
 import time
 import traceback
@@ -83,9 +84,14 @@ def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, load=loa
     except Exception:  # noqa: BLE001 - reported to the trainer, which stops the run
         outbox.put(("error", traceback.format_exc()))
         return
-    version = None
+    version, parent = None, os.getppid()
     while True:
-        message = inbox.get()
+        try:
+            message = inbox.get(timeout=5.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the trainer is gone (killed, or ended without closing): so is its sampler
+                return
+            continue
         kind = message[0]
         try:
             if kind == "stop":
