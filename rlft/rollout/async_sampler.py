@@ -57,9 +57,10 @@ def load_weights(model: torch.nn.Module, named: list[tuple[str, torch.Tensor]]) 
             params[name].copy_(tensor)
 
 
-def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, load=load_weights) -> None:
+def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, stopping, load=load_weights) -> None:
     """The sampler's loop (its own process; a thread in tests): build the model, engine and environment,
-    then answer the trainer's messages in order until ("stop",)."""
+    then answer the trainer's messages in order until ("stop",). Once `stopping` is set, sample requests
+    still queued are skipped (the run is over; they would not be trained)."""
     try:
         from omegaconf import OmegaConf
 
@@ -103,7 +104,7 @@ def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, load=loa
                 engine.sync_weights(version)
                 outbox.put(("synced", version,
                             fingerprint([(n, p.detach()) for n, p in model.named_parameters(remove_duplicate=False)])))
-            elif kind == "sample":
+            elif kind == "sample" and not stopping.is_set():
                 _, index, wanted, rows, prompt_ids, n, sampling, seed = message
                 if wanted != version:
                     outbox.put(("error", f"rollout {index} is to be sampled from weights version {wanted}, but the "
@@ -148,16 +149,16 @@ class AsyncSampler:
         if in_process:  # tests: the same loop in a thread
             import threading
 
-            self.inbox, self.outbox = queue.Queue(), queue.Queue()
+            self.inbox, self.outbox, self.stopping = queue.Queue(), queue.Queue(), threading.Event()
             self.worker = threading.Thread(target=serve, args=(cfg_dict, model_path, threads, self.inbox,
-                                                               self.outbox, load), daemon=True)
+                                                               self.outbox, self.stopping, load), daemon=True)
         else:
             import torch.multiprocessing as mp
 
             ctx = mp.get_context("spawn")
-            self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
-            self.worker = ctx.Process(target=serve, args=(cfg_dict, model_path, threads, self.inbox, self.outbox),
-                                      daemon=True)
+            self.inbox, self.outbox, self.stopping = ctx.Queue(), ctx.Queue(), ctx.Event()
+            self.worker = ctx.Process(target=serve, args=(cfg_dict, model_path, threads, self.inbox, self.outbox,
+                                                          self.stopping), daemon=True)
         self.worker.start()
         kind, *rest = self._receive()
         self.description = rest[0]
@@ -227,8 +228,9 @@ class AsyncSampler:
         if self.worker is None:
             return
         try:
+            self.stopping.set()  # the rollouts still asked (up to K past the last trained one) are not sampled
             self.inbox.put(("stop",))
-            self.worker.join(timeout=30)
+            self.worker.join(timeout=60)
         finally:
             if hasattr(self.worker, "terminate") and self.worker.is_alive():
                 self.worker.terminate()
