@@ -37,6 +37,8 @@ ROWS = {
                              "env.task_config={min_terms:2,max_terms:3,min_digits:1,max_digits:2}"],
     "gym_chain_sum_1d": ["env=reasoning_gym", "env.task=chain_sum", "env.task_config={min_terms:2,max_terms:3,"
                          "min_digits:1,max_digits:1}"],
+    "gym_basic_arithmetic_1d": ["env=reasoning_gym", "env.task=basic_arithmetic",
+                                "env.task_config={min_terms:2,max_terms:3,min_digits:1,max_digits:1}"],
     "gym_spell_backward": ["env=reasoning_gym", "env.task=spell_backward",
                            "env.task_config={min_word_len:3,max_word_len:5}"],
     "gym_letter_counting": ["env=reasoning_gym", "env.task=letter_counting",
