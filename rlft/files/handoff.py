@@ -119,35 +119,35 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 def save_hf_dir(model, state_dict, tokenizer, out_dir: Path) -> None:
     """save_pretrained into a temporary sibling, then rename over out_dir."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
     weights = state_dict if state_dict is not None else model.state_dict()
-    short = space_shortage(tmp.parent, sum(v.numel() * v.element_size() for v in weights.values()), str(out_dir))
-    if short:
-        raise DiskFullError(short)
     from rlft import lora
 
-    try:
+    def write(tmp: Path) -> None:
         with lora.unquantized_view(model):  # QLoRA: the state dict is dequantized; save it as a plain model
             model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         write_checksums(tmp)
-    except (OSError, RuntimeError) as exc:
-        raise_if_disk_full(exc, tmp, str(out_dir))
-        raise
-    replace_dir(tmp, out_dir)
+
+    write_dir(Path(out_dir), write, sum(v.numel() * v.element_size() for v in weights.values()))
 
 
 def save_adapter_dir(peft_model, out_dir: Path) -> None:
     """A LoRA adapter folder written by peft (PeftModel.save_pretrained) into a temporary sibling, then renamed
     over out_dir."""
-    out_dir = Path(out_dir)
+    write_dir(Path(out_dir), lambda tmp: peft_model.save_pretrained(str(tmp), safe_serialization=True))
+
+
+def write_dir(out_dir: Path, write, size_bytes: int = 0) -> None:
+    """`write(tmp)` fills a temporary sibling of out_dir, which then replaces out_dir: a folder that exists is
+    complete. A disk too small for `size_bytes`, or one that fills during the write, is a DiskFullError."""
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    short = space_shortage(tmp.parent, size_bytes, str(out_dir))
+    if short:
+        raise DiskFullError(short)
     try:
-        peft_model.save_pretrained(str(tmp), safe_serialization=True)
+        write(tmp)
     except (OSError, RuntimeError) as exc:
         raise_if_disk_full(exc, tmp, str(out_dir))
         raise
