@@ -151,10 +151,11 @@ def adapter_disabled(model: torch.nn.Module):
             layer.enable_adapters(True)
 
 
-def merged_weights(model: torch.nn.Module, named_parameters, gathered):
+def merged_weights(model: torch.nn.Module, named_parameters, gathered, copy_whole: bool = False):
     """(plain name, weight) for every parameter of the adapted model, as a weight sync wants them: each adapted
     layer's base weight merged with its adapter by peft's own delta (the layer's get_delta_weight); A and B
-    themselves are not handed out. `gathered(params)` makes parameters whole for the duration (ZeRO-3)."""
+    themselves are not handed out. `gathered(params)` makes parameters whole for the duration (ZeRO-3), and
+    then `copy_whole` hands out a copy of an unadapted one (a merged weight is a new tensor already)."""
     layers = lora_layers(model)
     for key, p in named_parameters:
         if ".lora_" in key:
@@ -170,7 +171,9 @@ def merged_weights(model: torch.nn.Module, named_parameters, gathered):
             weight = plain_weight(p).detach()
             if adapted:
                 weight = weight + layer.get_delta_weight(ADAPTER).to(weight.dtype)
-            yield name, weight.clone()
+            elif copy_whole:
+                weight = weight.clone()
+            yield name, weight
 
 
 def peft_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]):
@@ -229,7 +232,7 @@ def merged_folder(adapter_dir: Path, resolve, trust_remote_code: bool = False) -
                     if (adapter_dir / f).is_file()), None)
     if weights is None:
         raise MissingInputError(f"{adapter_dir} has no adapter_model.safetensors; copy or export the adapter again")
-    out = cache.model_folder(f"{adapter_dir.name}-{cache.file_hash(weights)}-{hash_text(base_dir)}")
+    out = cache.model_folder(f"{adapter_dir.name}-{cache.file_hash(weights)}-{cache.text_hash(base_dir)}")
     if (out / "config.json").is_file():
         return str(out)
     import peft
@@ -244,8 +247,3 @@ def merged_folder(adapter_dir: Path, resolve, trust_remote_code: bool = False) -
     cache.publish(tmp, out)
     return str(out)
 
-
-def hash_text(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:8]

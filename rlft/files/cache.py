@@ -51,3 +51,8 @@ def _hash(path: str, size: int, mtime_ns: int) -> str:
         while block := f.read(1 << 24):
             h.update(block)
     return h.hexdigest()[:16]
+
+
+def text_hash(text: str) -> str:
+    """The first 8 hex digits of the text's sha256 (a base model's path in a cached folder's name)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:8]

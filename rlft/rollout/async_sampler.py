@@ -160,8 +160,7 @@ class AsyncSampler:
             self.worker = ctx.Process(target=serve, args=(cfg_dict, model_path, threads, self.inbox, self.outbox,
                                                           self.stopping), daemon=True)
         self.worker.start()
-        kind, *rest = self._receive()
-        self.description = rest[0]
+        self.description = self._receive()[1]  # ("ready", the engine's description)
 
     def describe(self) -> str:
         return f"a sampler process beside the trainer ({self.description}), at most {self.max_staleness} " \

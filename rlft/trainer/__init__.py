@@ -238,7 +238,7 @@ class Trainer:
         at most one gathered parameter (with LoRA: one layer's base, A and B) exists beside the shards."""
         if self.has_adapter:
             yield from lora.merged_weights(self.module, self.module.named_parameters(remove_duplicate=False),
-                                           self._gathered)
+                                           self._gathered, copy_whole=self.cfg.deepspeed.zero_stage == 3)
             return
         if self.cfg.deepspeed.zero_stage != 3:
             for name, p in self.module.named_parameters(remove_duplicate=False):
