@@ -183,7 +183,7 @@ class RolloutConfig:
     """Importance weights per token or per sequence (product of the token ratios)."""
     is_cap: float = 2.0
     """C: tis truncates the weights at C; mis drops tokens (sequences) whose weight exceeds C from the loss."""
-    max_staleness: int = 0
+    max_staleness: int = read_when("rl_loop", 0)
     """RL: 0 samples each rollout from the current weights; K > 0 samples rollouts r+1..r+K in a sampler
     process beside the trainer while rollout r trains (rollout j from the weights after j - K updates), the
     lag corrected by is_correction (auto: tis). docs/algorithms.md, "Asynchronous RL"."""

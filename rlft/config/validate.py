@@ -28,9 +28,6 @@ def validate(cfg) -> None:
     train, ds_opts = cfg.train, cfg.deepspeed
     if algo_spec(cfg.algo).rl:
         validate_rl(cfg)
-    elif cfg.rollout.max_staleness:
-        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness} is set but never used: only the online "
-                          f"RL loop samples asynchronously, not algo={cfg.algo.name}; remove it")
     validate_numbers(cfg)
     check_unused_options(cfg)
     check_builtin_only(cfg)
@@ -203,6 +200,11 @@ def _policy_source_unread(cfg, key):
         return "it applies only with algo.source=policy"
 
 
+def _rl_loop_unread(cfg, key):
+    if not algo_spec(cfg.algo).rl:
+        return f"only the online RL loop reads it, not algo={cfg.algo.name}"
+
+
 def _async_unread(cfg, key):
     if int(cfg.rollout.max_staleness) == 0:
         return "only asynchronous sampling (rollout.max_staleness > 0) reads it"
@@ -215,6 +217,7 @@ READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
     "loss_option": _loss_option_unread,
     "per_token_update": _per_token_update_unread,
     "process_advantage": _process_advantage_unread,
+    "rl_loop": _rl_loop_unread,
     "iterative": _iterative_unread,
     "iterative_mc_labels": _iterative_mc_labels_unread,
     "policy_source": _policy_source_unread,

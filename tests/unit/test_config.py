@@ -156,6 +156,12 @@ def test_options_the_run_never_reads_are_refused():
     _one_line_error(["algo=grpo", "iterative.iterations=2", "iterative.step_labels=exact",
                      "iterative.label_completions=8", "train.max_steps=20"], "iterative.label_completions=8",
                     "step_labels=mc")
+    # asynchronous sampling: only the online RL loop, and its threads only when it is on
+    _one_line_error(["algo=sft", "rollout.max_staleness=1"], "rollout.max_staleness=1", "online RL loop")
+    _one_line_error(["algo=grpo", "rollout.sampler_threads=2"], "rollout.sampler_threads=2", "max_staleness > 0")
+    _one_line_error(["algo=grpo", "rollout.max_staleness=1", "rollout.dynamic_sampling=true"],
+                    "rollout.dynamic_sampling=true", "use one of them")
+    validate(_compose(["algo=grpo", "rollout.max_staleness=2", "rollout.sampler_threads=2"]))
     # a policy loss reads the options it declares when it registers
     _one_line_error(["algo=rloo", "algo.clip_eps_high=0.28"], "algo.clip_eps_high=0.28", "algo.policy_loss=reinforce")
     _one_line_error(["algo=grpo", "algo.policy_loss=gspo", "algo.dual_clip_c=3"], "algo.dual_clip_c=3",
