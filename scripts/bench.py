@@ -5,6 +5,7 @@ optionally TRL's GRPOTrainer (no vLLM) on the identical workload, side by side.
     python scripts/bench.py                                  # tiny built-in-shaped model (CPU default)
     python scripts/bench.py --peer trl                       # + TRL GRPOTrainer, and the ratios
     python scripts/bench.py --shape qwen2-0.5b --precision bf16 --peer trl --out bench.json   # GPU
+    python scripts/bench.py --max-staleness 1                # sampling in a sampler process, one rollout ahead
 
 The workload: P prompts x G samples, prompts of exactly --prompt-tokens random tokens, completions
 of exactly --new-tokens (EOS suppressed, so every run generates the same number of tokens), random
@@ -16,7 +17,9 @@ then the median over --steps is reported.
 
 Per phase: seconds, tokens/s (generation: new tokens; scoring and update: prompt + completion
 tokens), and peak memory (GPU: max allocated; CPU: the process's peak resident set). Prints a
-table and writes JSON (--out).
+table and writes JSON (--out). With --max-staleness K the generation phase is the trainer's wait for
+the sampler process; the table adds the sampler's own seconds per rollout and the overlap, the share
+of a step during which both were busy.
 """
 from __future__ import annotations
 
@@ -122,6 +125,8 @@ def rlft_config(args):
                  f"rollout.hf_cache={args.cache}", f"deepspeed.device={args.device}", f"rollout.engine={args.engine}",
                  f"deepspeed.activation_checkpointing={str(args.activation_checkpointing).lower()}",
                  f"deepspeed.threads_per_rank={args.threads}", "logger.wandb=disabled", "logger.progress=false"]
+    if args.max_staleness:
+        overrides += [f"rollout.max_staleness={args.max_staleness}", f"rollout.sampler_threads={args.sampler_threads}"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     cfg.data.prompt_template = "{question}"  # the prompt's words as they are: exactly --prompt-tokens tokens
@@ -176,6 +181,8 @@ def run_rlft(args) -> dict:
     experience = Experience(cfg, info, tok, policy, sampler=engine, env=env, rewards=RewardSet(cfg, device, env),
                             reference=ref, is_correction=is_correction(cfg, engine))
     experience.sampling = Sampling(args.new_tokens, True, 1.0, 1.0, 0, suppress_tokens=(PAD, BOS, EOS))
+    if args.max_staleness:  # a sampler process beside the trainer, as `rlft train rollout.max_staleness=K` runs it
+        experience.ahead = start_sampler(cfg, tok, args, device)
     update = Update(cfg, policy)
     steps = []
     for step in range(args.warmup + args.steps):
@@ -184,7 +191,9 @@ def run_rlft(args) -> dict:
         times = {}
         sync(device)
         tic = time.perf_counter()
-        ro = experience.rollout(step)  # weight push, sampling and the (random) rewards
+        if experience.ahead is not None:
+            experience.schedule(step)  # this version's weights out, rollouts up to step + K asked
+        ro = experience.rollout(step)  # weight push, sampling (async: the wait for it) and the (random) rewards
         sync(device)
         times["generation"] = time.perf_counter() - tic
         tic = time.perf_counter()
@@ -197,13 +206,39 @@ def run_rlft(args) -> dict:
         times["update"] = time.perf_counter() - tic
         new_tokens = sum(len(c) for c in ro.completion_ids)
         steps.append({"times": times, "new_tokens": new_tokens, "total_tokens": int(ro.attention_mask.sum()),
-                      "peak_memory_gib": peak_memory_gib(device)})
+                      "peak_memory_gib": peak_memory_gib(device),
+                      "sampler_busy_s": float(ro.metrics.get("sampler_busy_s", 0.0))})
         print(f"[rlft] step {step + 1}: " + ", ".join(f"{k} {v:.3f}s" for k, v in times.items())
               + f", {new_tokens} new tokens", file=sys.stderr, flush=True)
     out = summarise("rlft", steps[args.warmup:], args, device)
     out["engine"] = engine_line  # the engine actually used (auto resolves by device and install)
     out["engine_start_s"] = engine_start_s
+    if experience.ahead is not None:
+        out["side"] = f"rlft async K={args.max_staleness}"
+        out["sampler"] = experience.ahead.describe()
+        out.update(overlap(steps[args.warmup:]))  # the generation phase is the wait: the rate is the sampler's
+        out["generation_new_tokens_per_s"] = out["new_tokens"] / max(out["sampler_busy_s"], 1e-9)
+        experience.ahead.close()
     return out
+
+
+def start_sampler(cfg, tokenizer, args, device):
+    """The asynchronous sampler process, its model read from a folder holding the benchmark's model."""
+    from rlft.rollout.async_sampler import AsyncSampler
+
+    folder = tempfile.mkdtemp(prefix="rlft-bench-model-")
+    build_model(args.shape, args.seed).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return AsyncSampler(cfg, folder, threads=args.sampler_threads, device=device)
+
+
+def overlap(steps: list[dict]) -> dict:
+    """The sampler's seconds per rollout and the share of a step during which sampler and trainer were both
+    busy: the sampler's seconds less the trainer's wait for it (the generation phase), over the step."""
+    med = statistics.median
+    busy = med([s["sampler_busy_s"] for s in steps])
+    shares = [max(0.0, s["sampler_busy_s"] - s["times"]["generation"]) / sum(s["times"].values()) for s in steps]
+    return {"sampler_busy_s": busy, "overlap": med(shares)}
 
 
 def summarise(name: str, steps: list[dict], args, device) -> dict:
@@ -327,7 +362,7 @@ def merge_rounds(results: list[dict]) -> dict:
 
 def table(results: list[dict]) -> str:
     keys = ["step_s", "generation_s", "scoring_s", "update_s", "generation_new_tokens_per_s",
-            "update_tokens_per_s", "peak_memory_gib"]
+            "update_tokens_per_s", "peak_memory_gib", "sampler_busy_s", "overlap"]
     keys = [k for k in keys if any(k in r for r in results)]
     lines = ["| side | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for r in results:
@@ -356,6 +391,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per side (0: all cores)")
+    p.add_argument("--max-staleness", type=int, default=0,
+                   help="K > 0: sample in a sampler process beside the trainer, up to K rollouts ahead (rlft only)")
+    p.add_argument("--sampler-threads", type=int, default=1, help="CPU threads of that sampler process")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -409,7 +447,7 @@ def main(argv: list[str]) -> None:
                            f"--new-tokens={args.new_tokens}", f"--precision={args.precision}"]
     workload = {k: getattr(args, k) for k in ("shape", "prompts", "samples", "prompt_tokens", "new_tokens", "kl_coef",
                                               "precision", "cache", "engine",
-                                              "zero_stage",
+                                              "zero_stage", "max_staleness",
                                               "steps", "warmup", "threads", "rounds")}
     if args.peer == "trl":
         workload["peer_cache"] = args.peer_cache

@@ -3,7 +3,8 @@
 # wheels of the other dependencies placed in .whl/ are installed first. Then it runs the default GPU
 # workload (Qwen2-0.5B shape, bf16, 8 prompts x 8 samples, 128 + 256 tokens): first the rollout
 # engines' tests, then rlft with the vllm engine (where vllm imports) and with the hf engine
-# (transformers' compiled static cache), TRL's GRPOTrainer at its default and at its best setting
+# (transformers' compiled static cache), each also asynchronous (a sampler process on the same GPU, one
+# rollout ahead: rollout.max_staleness=1), TRL's GRPOTrainer at its default and at its best setting
 # without vLLM (static cache, bf16), rlft with the dynamic cache, and rlft with a reference model.
 # Results (JSON + the printed tables) go to ${OUT:-bench_out}/, each as soon as it is measured.
 set -uo pipefail
@@ -23,11 +24,14 @@ if python3 -c "import pytest" 2>/dev/null; then
 fi
 if python3 -c "import vllm" 2>/dev/null; then
   timeout "$LIMIT" python3 scripts/bench.py --engine vllm --out "$OUT/bench_rlft_vllm.json" 2>&1 | tee "$OUT/bench_rlft_vllm.txt"
+  # asynchronous: a vLLM sampler process on the same GPU (rollout.vllm.gpu_memory_utilization of it), one rollout ahead
+  timeout "$LIMIT" python3 scripts/bench.py --engine vllm --max-staleness 1 --out "$OUT/bench_rlft_vllm_async.json" 2>&1 | tee "$OUT/bench_rlft_vllm_async.txt"
 else
   echo "vllm is not importable here: the vllm rows are skipped" | tee "$OUT/vllm.txt"
 fi
 timeout "$LIMIT" python3 scripts/bench.py --engine hf --peer trl --peer-cache default --out "$OUT/bench_trl_default.json" 2>&1 | tee "$OUT/bench_trl_default.txt"
 timeout "$LIMIT" python3 scripts/bench.py --engine hf --peer trl --peer-cache static --peer-dtype bfloat16 --out "$OUT/bench_trl_static.json" 2>&1 | tee "$OUT/bench_trl_static.txt"
+timeout "$LIMIT" python3 scripts/bench.py --engine hf --max-staleness 1 --out "$OUT/bench_rlft_hf_async.json" 2>&1 | tee "$OUT/bench_rlft_hf_async.txt"
 timeout "$LIMIT" python3 scripts/bench.py --engine hf --cache dynamic --out "$OUT/bench_rlft_dynamic.json" 2>&1 | tee "$OUT/bench_rlft_dynamic.txt"
 timeout "$LIMIT" python3 scripts/bench.py --kl-coef 0.04 --out "$OUT/bench_rlft_kl.json" 2>&1 | tee "$OUT/bench_rlft_kl.txt"
 # one table of every run above, with the goals checked

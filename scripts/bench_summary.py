@@ -22,7 +22,7 @@ GOALS = [  # (label, key, better: "max" keeps values at most the bound, "min" at
 ]
 SPEEDUP_GOAL = 6.0  # GPU: TRL's fastest step / rlft's fastest step
 CPU_RATIO_GOAL = 0.5  # CPU: rlft's step / TRL's step in the same report
-RLFT_KEYS = ("engine", "cache", "kl_coef")
+RLFT_KEYS = ("engine", "cache", "kl_coef", "max_staleness")
 TRL_KEYS = ("peer_cache", "peer_dtype", "kl_coef")
 
 
@@ -32,7 +32,8 @@ def load(directory: Path) -> list[tuple[str, dict]]:
 
 
 def describe(workload: dict, side: str) -> str:
-    return ", ".join(f"{k}={workload[k]}" for k in (RLFT_KEYS if side == "rlft" else TRL_KEYS) if k in workload)
+    keys = RLFT_KEYS if side.startswith("rlft") else TRL_KEYS
+    return ", ".join(f"{k}={workload[k]}" for k in keys if k in workload and (k != "max_staleness" or workload[k]))
 
 
 def rows(reports: list[tuple[str, dict]]) -> list[dict]:
@@ -40,10 +41,13 @@ def rows(reports: list[tuple[str, dict]]) -> list[dict]:
     for name, report in reports:
         for result in report["results"]:
             settings = describe(report["workload"], result["side"])
-            if result.get("engine") and result["side"] == "rlft":  # the engine rlft actually used
+            if result.get("engine") and result["side"].startswith("rlft"):  # the engine rlft actually used
                 settings += f"; engine: {result['engine']}"
             out.append({"run": name, "settings": settings,
                         "kl_coef": report["workload"].get("kl_coef", 0.0), **result})
+            if "overlap" in result:  # asynchronous: the sampler's own time and the overlap
+                out[-1]["settings"] += f"; sampler {fmt(result['sampler_busy_s'])} s a rollout, " \
+                                       f"overlap {100 * result['overlap']:.0f}% of the step"
     return out
 
 
@@ -71,7 +75,7 @@ def summary(directory: Path) -> str:
     shape = {k: v for k, v in reports[0][1]["workload"].items()
              if k in ("shape", "prompts", "samples", "prompt_tokens", "new_tokens", "precision")}
     lines += ["", f"workload: {json.dumps(shape)}"]
-    ours = [r for r in table if r["side"] == "rlft" and r["kl_coef"] == 0]
+    ours = [r for r in table if r["side"].startswith("rlft") and r["kl_coef"] == 0]
     trl = [r for r in table if r["side"] == "trl"]
     if not ours:
         return "\n".join(lines)

@@ -137,6 +137,9 @@ def validate_rollout(rollout) -> None:
     if rollout.max_staleness < 0 or rollout.sampler_threads < 0:
         raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} and rollout.sampler_threads="
                           f"{rollout.sampler_threads} must be >= 0")
+    if rollout.max_staleness > 0 and rollout.engine != "hf" and rollout.vllm.tensor_parallel_size > 1:
+        raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} runs one sampler per rank, each with its own "
+                          "engine: set rollout.vllm.tensor_parallel_size=1 (or max_staleness=0)")
     if rollout.max_new_tokens < 0 or rollout.batch_size < 1:
         raise ConfigError("rollout.max_new_tokens must be >= 0 and rollout.batch_size >= 1")
 

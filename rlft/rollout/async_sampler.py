@@ -1,8 +1,10 @@
 """Asynchronous sampling (`rollout.max_staleness=K > 0`): a sampler process beside each training rank.
 
-The sampler holds its own copy of the policy and its own rollout engine (hf or vllm, with its own
-threads: `rollout.sampler_threads`) and runs the environment's episodes. The trainer sends it, in one
-ordered queue:
+The sampler holds its own copy of the policy and its own rollout engine (hf or vllm) and runs the
+environment's episodes. On CPU it has its own threads (`rollout.sampler_threads`). On a GPU it shares
+the trainer rank's device: an hf engine holds its model there, a vllm engine takes
+`rollout.vllm.gpu_memory_utilization` of the device's memory and stays awake (no sleep mode: it samples
+while the trainer updates). The trainer sends it, in one ordered queue:
 
     ("weights", v, [(name, tensor), ...])   the policy after v rollouts' updates (LoRA: merged)
     ("sample", j, v, rows, prompt_ids, n, sampling, seed)
@@ -28,6 +30,7 @@ import os
 import queue
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -57,10 +60,28 @@ def load_weights(model: torch.nn.Module, named: list[tuple[str, torch.Tensor]]) 
             params[name].copy_(tensor)
 
 
-def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, stopping, load=load_weights) -> None:
+def sampler_cfg(cfg_dict: dict) -> dict:
+    """The sampler's own settings: its vLLM engine never sleeps (it samples while the trainer updates)."""
+    vllm_opts = cfg_dict["rollout"]["vllm"]
+    return {**cfg_dict, "rollout": {**cfg_dict["rollout"], "vllm": {**vllm_opts, "sleep": False}}}
+
+
+def gpu_environment(device: torch.device) -> dict[str, str]:
+    """Environment variables that give a sampler process the trainer rank's GPU as its only one (cuda:0
+    there): the physical index behind `device`, read through this process's CUDA_VISIBLE_DEVICES."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return {"CUDA_VISIBLE_DEVICES": ids[index] if ids else str(index)}
+
+
+def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, stopping, load=load_weights,
+          device_type: str = "cpu") -> None:
     """The sampler's loop (its own process; a thread in tests): build the model, engine and environment,
     then answer the trainer's messages in order until ("stop",). Once `stopping` is set, sample requests
-    still queued are skipped (the run is over; they would not be trained)."""
+    still queued are skipped (the run is over; they would not be trained). `device_type` cuda: the
+    process sees one GPU, the trainer rank's; an hf engine holds the model there, a vllm engine takes
+    rollout.vllm.gpu_memory_utilization of it and the model stays in CPU memory as its weights' source."""
     try:
         from omegaconf import OmegaConf
 
@@ -71,17 +92,20 @@ def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, stopping
 
         if threads > 0:
             torch.set_num_threads(threads)
-        cfg = OmegaConf.create(cfg_dict)
+        cfg = OmegaConf.create(sampler_cfg(cfg_dict))
         tokenizer = load_tokenizer(cfg.model, model_path)
         dtype = torch.bfloat16 if cfg.deepspeed.precision == "bf16" else torch.float32
         model = load_model(cfg.model, model_path, tokenizer, seed=cfg.seed, dtype=dtype)
         model.requires_grad_(False)
-        device = torch.device("cpu")
+        device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
         name, _ = choose_engine(cfg.rollout.engine, device)
+        if name == "hf":
+            model.to(device)
         engine = BUILDERS[name](cfg, Frozen(model), tokenizer, device, cfg.seed)
         env = envs.build(cfg, tokenizer)
         limits = episodes.limits(cfg, env, tokenizer)
-        outbox.put(("ready", engine.describe()))
+        where = "the rank's GPU" if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
+        outbox.put(("ready", f"{engine.describe()} on {where}"))
     except Exception:  # noqa: BLE001 - reported to the trainer, which stops the run
         outbox.put(("error", traceback.format_exc()))
         return
@@ -118,6 +142,21 @@ def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, stopping
             outbox.put(("error", traceback.format_exc()))
 
 
+@contextmanager
+def environment(values: dict[str, str]):
+    """os.environ with `values` set, restored afterwards."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class SamplerError(RuntimeError):
     """The sampler process failed, or its weights are not the version the trainer sent."""
 
@@ -135,8 +174,8 @@ class AsyncSampler:
     """The trainer's side: pushes weights, asks for rollouts ahead, and hands each rollout's generations
     over with the version that sampled them."""
 
-    def __init__(self, cfg, model_path: str, *, threads: int = 1, in_process: bool = False, load=load_weights,
-                 timeout_s: float = 3600.0):
+    def __init__(self, cfg, model_path: str, *, threads: int = 1, device: torch.device | None = None,
+                 in_process: bool = False, load=load_weights, timeout_s: float = 3600.0):
         from omegaconf import OmegaConf
 
         self.max_staleness = int(cfg.rollout.max_staleness)
@@ -152,14 +191,18 @@ class AsyncSampler:
             self.inbox, self.outbox, self.stopping = queue.Queue(), queue.Queue(), threading.Event()
             self.worker = threading.Thread(target=serve, args=(cfg_dict, model_path, threads, self.inbox,
                                                                self.outbox, self.stopping, load), daemon=True)
+            self.worker.start()
         else:
             import torch.multiprocessing as mp
 
+            on_gpu = device is not None and device.type == "cuda"
             ctx = mp.get_context("spawn")
             self.inbox, self.outbox, self.stopping = ctx.Queue(), ctx.Queue(), ctx.Event()
             self.worker = ctx.Process(target=serve, args=(cfg_dict, model_path, threads, self.inbox, self.outbox,
-                                                          self.stopping), daemon=True)
-        self.worker.start()
+                                                          self.stopping, load_weights, "cuda" if on_gpu else "cpu"),
+                                      daemon=True)
+            with environment(gpu_environment(device) if on_gpu else {}):  # a spawned child copies os.environ
+                self.worker.start()
         self.description = self._receive()[1]  # ("ready", the engine's description)
 
     def describe(self) -> str:

@@ -184,7 +184,7 @@ class Experience:
             from rlft.rollout.async_sampler import AsyncSampler
 
             experience.ahead = AsyncSampler(cfg, model_path or handoff.resolve_model_path(cfg),
-                                            threads=int(rollout.sampler_threads))
+                                            threads=int(rollout.sampler_threads), device=info.device)
             dist.at_shutdown(experience.ahead.close)
             dist.print0(f"[rlft] asynchronous sampling: {experience.ahead.describe()}")
         return experience

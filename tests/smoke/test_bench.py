@@ -55,3 +55,17 @@ def test_bench_runs_rlft_and_trl_on_the_same_workload(tmp_path):
     assert report["ratios"]["trl_step_over_rlft_step_rounds"] == per_round
     assert abs(report["ratios"]["trl_step_over_rlft_step"] - sum(per_round) / 2) < 1e-12
     assert "| rlft |" in proc.stdout and "| trl |" in proc.stdout
+
+
+def test_bench_times_the_asynchronous_step_with_its_sampler_and_overlap(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--device=cpu", "--threads=1", "--prompts=2",
+           "--samples=2", "--prompt-tokens=8", "--new-tokens=6", "--steps=2", "--warmup=1", "--max-staleness=1",
+           f"--out={out}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (rlft,) = report["results"]
+    assert report["workload"]["max_staleness"] == 1 and rlft["side"] == "rlft async K=1"
+    assert rlft["new_tokens"] == 2 * 2 * 6 and rlft["sampler_busy_s"] > 0 and 0 <= rlft["overlap"] <= 1
+    assert "a sampler process beside the trainer" in rlft["sampler"] and "on CPU, 1 thread(s)" in rlft["sampler"]

@@ -161,6 +161,8 @@ def test_options_the_run_never_reads_are_refused():
     _one_line_error(["algo=grpo", "rollout.sampler_threads=2"], "rollout.sampler_threads=2", "max_staleness > 0")
     _one_line_error(["algo=grpo", "rollout.max_staleness=1", "rollout.dynamic_sampling=true"],
                     "rollout.dynamic_sampling=true", "use one of them")
+    _one_line_error(["algo=grpo", "rollout.max_staleness=1", "rollout.engine=vllm",
+                     "rollout.vllm.tensor_parallel_size=2"], "tensor_parallel_size=1", "one sampler per rank")
     validate(_compose(["algo=grpo", "rollout.max_staleness=2", "rollout.sampler_threads=2"]))
     # a policy loss reads the options it declares when it registers
     _one_line_error(["algo=rloo", "algo.clip_eps_high=0.28"], "algo.clip_eps_high=0.28", "algo.policy_loss=reinforce")
