@@ -46,3 +46,18 @@ def test_async_with_lora_on_two_ranks_under_zero3(tmp_path):
     # every sync's fingerprint matched (else the run stops); at staleness 0 the samplers' log-probs are the
     # trainer's: the merged adapter, gathered from both ranks' shards, reached both sampler processes
     assert records[0]["engine_logp_gap_max"] < 1e-5 < records[-1]["engine_logp_gap_mean"]
+
+
+def test_async_ppo_samples_multi_turn_trajectories_in_the_sampler(tmp_path):
+    """The sampler process runs the environment's episodes (a user environment whose trajectories call its
+    tool), and PPO's critic trains on them as on on-policy ones."""
+    env = ["env.name=toy_env:DigitTool", "data.use_chat_template=false"]
+    check_ok(rl_cli(tmp_path, "train", "algo=sft", f"run.name={RUN}", "train.max_steps=3", "train.batch_size=8",
+                    "train.micro_batch_per_device=8", "train.save_every=0", *env))
+    make_parents(tmp_path, RUN, ("rm",))
+    check_ok(rl_cli(tmp_path, "train", "algo=ppo", f"run.name={RUN}", *RL_SMALL, "rollout.max_staleness=1",
+                    "train.max_steps=8", "algo.eval_every=0", *env))  # 2 rollouts of 4 optimizer steps
+    records = rollouts(stage_dir(tmp_path, RUN, "ppo"))
+    assert [r["staleness_mean"] for r in records] == [0, 1]
+    assert all(r["turns"] > 1 and r["tool_calls"] > 0 for r in records), records
+    assert all(0 < r["response_len"] < 24 for r in records)  # the model's tokens only: the tool's are masked
