@@ -125,6 +125,8 @@ def rlft_config(args):
                  f"rollout.hf_cache={args.cache}", f"deepspeed.device={args.device}", f"rollout.engine={args.engine}",
                  f"deepspeed.activation_checkpointing={str(args.activation_checkpointing).lower()}",
                  f"deepspeed.threads_per_rank={args.threads}", "logger.wandb=disabled", "logger.progress=false"]
+    if args.kv_cache_gib:
+        overrides.append(f"rollout.vllm.kv_cache_gib={args.kv_cache_gib}")
     if args.max_staleness:
         overrides += [f"rollout.max_staleness={args.max_staleness}", f"rollout.sampler_threads={args.sampler_threads}"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -385,6 +387,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cache", choices=["static", "dynamic"], default="static", help="KV cache for generation")
     p.add_argument("--engine", choices=["auto", "hf", "vllm"], default="auto",
                    help="rlft's rollout engine (auto: vllm on a GPU where installed, else hf)")
+    p.add_argument("--kv-cache-gib", type=float, default=0.0,
+                   help="vllm engine: its KV cache in GiB (rollout.vllm.kv_cache_gib; 0: its default)")
     p.add_argument("--zero-stage", type=int, default=0)
     p.add_argument("--micro-batch", type=int, default=0,
                    help="update micro-batch on both sides, accumulated into one optimizer step (0: the whole batch)")

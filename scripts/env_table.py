@@ -43,6 +43,26 @@ ROWS = {
                            "env.task_config={min_word_len:3,max_word_len:5}"],
     "gym_letter_counting": ["env=reasoning_gym", "env.task=letter_counting",
                             "env.task_config={min_words:3,max_words:5}"],
+    "gym_simple_equations": ["env=reasoning_gym", "env.task=simple_equations",
+                             "env.task_config={min_terms:2,max_terms:2,min_value:1,max_value:10}"],
+    "gym_word_sequence_reversal": ["env=reasoning_gym", "env.task=word_sequence_reversal",
+                                   "env.task_config={min_words:2,max_words:4}"],
+    "gym_complex_arithmetic": ["env=reasoning_gym", "env.task=complex_arithmetic",
+                               "env.task_config={min_real:-5,max_real:5,min_imag:-5,max_imag:5}"],
+    "gym_decimal_chain_sum": ["env=reasoning_gym", "env.task=decimal_chain_sum",
+                              "env.task_config={min_terms:2,max_terms:2,min_digits:1,max_digits:1,"
+                              "min_decimal_places:1,max_decimal_places:1}"],
+    "gym_leg_counting": ["env=reasoning_gym", "env.task=leg_counting",
+                         "env.task_config={min_animals:1,max_animals:2,min_instances:1,max_instances:4}"],
+    "gym_base_conversion": ["env=reasoning_gym", "env.task=base_conversion",
+                            "env.task_config={min_base:2,max_base:10,min_value:0,max_value:60}"],
+    # tasks with many right answers (any expression that reaches the target, any palindrome of the letters):
+    # the demonstrations show one, the reward accepts all; their prompts need a longer train.max_seq_len
+    "gym_countdown": ["env=reasoning_gym", "env.task=countdown", "train.max_seq_len=448",
+                      "env.task_config={min_numbers:3,max_numbers:3,min_value:1,max_value:9,min_target:10,"
+                      "max_target:50}"],
+    "gym_palindrome_generation": ["env=reasoning_gym", "env.task=palindrome_generation", "train.max_seq_len=448",
+                                  "env.task_config={min_length:3,max_length:5}"],
     "python": ["env=python", "env.instruction=", "rollout.max_new_tokens=128"],
 }
 CALC_LINE = re.compile(r"(?:<<)?\s*([-+*/().\d\s]*\d[-+*/().\d\s]*?)\s*=\s*(-?\d+(?:\.\d+)?)(?:>>)?\s*")
