@@ -167,7 +167,8 @@ class RolloutConfig:
     batch_size: int = 128
     """hf: sequences generated together on one rank (vllm schedules its own batches)."""
     hf_cache: HFCache = HFCache.static
-    """hf: KV cache, static (preallocated; its decoding step is compiled on a GPU) | dynamic."""
+    """hf: KV cache, static (preallocated; its decoding step is compiled on a GPU) | dynamic (faster on CPU for
+    real models: docs/performance.md)."""
     hf_compile: bool = True
     """hf on a GPU: compile the static-cache decoding step (torch.compile + CUDA graphs)."""
     hf_bucket: bool = True
