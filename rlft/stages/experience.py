@@ -84,9 +84,10 @@ def rollout_logp(model, ro: rb.Rollout, micro: int, temperature: float, packed: 
     """Per-token log-probs [N, L-1] of the rollout's sequences under `model` (old or reference),
     forward by forward (`micro` rows, or the token budget `max_tokens`), each trimmed to its longest
     row with logits from its first response column on (`packed`: one padding-free forward each,
-    logits only at response tokens). Columns outside the response are not used."""
+    logits only at response tokens). Columns outside the response are not used. The result lives beside
+    the rollout's other tensors (on the CPU); the update moves each micro-batch's slice to the device."""
     dev = model.device
-    out = torch.zeros(ro.mask.shape, device=dev)
+    out = torch.zeros(ro.mask.shape, device=ro.mask.device)
     for rows in rollout_groups(ro.attention_mask, 0, ro.input_ids.shape[0], micro, max_tokens, packed):
         width = int(ro.attention_mask[rows].sum(-1).max())
         ids, attn = ro.input_ids[rows, :width].to(dev), ro.attention_mask[rows, :width].to(dev)
@@ -95,7 +96,7 @@ def rollout_logp(model, ro: rb.Rollout, micro: int, temperature: float, packed: 
             logp = packed_logp(model, ids, attn, mask, temperature)
         else:
             logp = token_logp(model, ids, attn, temperature, response_start(mask))
-        out[rows.to(dev), :width - 1] = logp.float()
+        out[rows, :width - 1] = logp.float().to(out.device)
     return out
 
 
@@ -103,13 +104,13 @@ def rollout_logp(model, ro: rb.Rollout, micro: int, temperature: float, packed: 
 def batched_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro: int,
                    max_tokens: int = 0, packed: bool = False) -> torch.Tensor:
     """Critic values [N, L-1] aligned to targets: column p values the state before token p+1 (0 past
-    each forward's longest row)."""
-    out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=input_ids.device)
+    each forward's longest row), on the CPU like the rollout's other tensors."""
+    dev = next(critic.module.parameters()).device
+    out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
     for rows in rollout_groups(attention_mask, 0, len(input_ids), micro, max_tokens, packed):
         width = int(attention_mask[rows].sum(-1).max())
-        rows = rows.to(input_ids.device)
-        out[rows, :width - 1] = token_scores(critic.module, input_ids[rows, :width],
-                                             attention_mask[rows, :width])[:, :-1].float()
+        out[rows, :width - 1] = token_scores(critic.module, input_ids[rows, :width].to(dev),
+                                             attention_mask[rows, :width].to(dev))[:, :-1].float().cpu()
     return out
 
 
@@ -359,8 +360,8 @@ class Experience:
         if "values" not in self.needs:
             return
         with self.timed("values"):
-            train, dev = self.cfg.train, self.info.device
-            ro.put(values=batched_values(self.critic, ro.input_ids.to(dev), ro.attention_mask.to(dev),
+            train = self.cfg.train
+            ro.put(values=batched_values(self.critic, ro.input_ids, ro.attention_mask,
                                          train.micro_batch_per_device, train.max_tokens_per_micro_batch, train.packing))
 
     def advantages(self, ro: rb.Rollout, kl_coef: float, keep: torch.Tensor | None = None) -> None:
