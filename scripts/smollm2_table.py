@@ -6,6 +6,7 @@ format, then GRPO and online RFT from it, several seeds, one table (held-out gre
     python scripts/smollm2_table.py                        # both rows, seeds 0,1,2
     python scripts/smollm2_table.py --rows chain_sum --seeds 0 --algos grpo
     python scripts/smollm2_table.py --dry-run              # the commands, nothing run
+    python scripts/smollm2_table.py --table-only           # the table of the runs finished so far
 
 Rows (each with the recipes experiment=smollm2_{sft,grpo,online_rft} unchanged):
   chain_sum   env=reasoning_gym, the recipes' own task (two terms of 1-2 digits);
@@ -87,10 +88,14 @@ def main() -> None:
     p.add_argument("--algos", default="grpo,online_rft")
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--table-only", action="store_true", help="the table of what has finished, nothing run")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     root = Path("runs") / args.run
     rows, seeds, algos = args.rows.split(","), [int(s) for s in args.seeds.split(",")], args.algos.split(",")
+    if args.table_only:
+        times = json.loads((root / "times.json").read_text()) if (root / "times.json").is_file() else {}
+        return write_table(root, rows, seeds, algos, times)
     rlft = [sys.executable, "-m", "rlft.cli"]
     common = ["logger.progress=false", *args.overrides]
     evals = ["eval.samples=4", "eval.k=[1,4]", f"eval.num_problems={args.eval_problems}", "eval.reference=none",
@@ -139,8 +144,7 @@ def cell(values: list) -> str:
     values = [v * 100 for v in values if v is not None]
     if not values:
         return "–"
-    return f"{statistics.mean(values):.1f}" + (f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "") \
-        + ("" if len(values) > 1 else " (1 seed)")
+    return f"{statistics.mean(values):.1f}" + (f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "")
 
 
 def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str], times: dict) -> None:
