@@ -4,7 +4,7 @@
 # each step cut at its share of the time left (BUDGET seconds in all, default 480):
 #   1. the rollout engines' tests and the asynchronous sampler's tests on the GPU;
 #   2. the tiny pipeline through the CLI on the GPU: SFT, GRPO, GRPO with rollout.max_staleness=1
-#      (a sampler process on the same GPU), eval; each must finish and write its checkpoint;
+#      (a sampler process on the same GPU), PPO, eval; each must finish and write its checkpoint;
 #   3. the default GPU workload (Qwen2-0.5B shape, bf16, 8 prompts x 8 samples, 128 + 256 tokens):
 #      rlft (hf engine, transformers' compiled static cache) beside TRL's GRPOTrainer at its default,
 #      rlft asynchronous (one rollout ahead), rlft with vllm where vllm imports, rlft with the dynamic

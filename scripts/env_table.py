@@ -86,15 +86,19 @@ def arithmetic_slips(text: str) -> tuple[int, int]:
     return wrong, total
 
 
-def run(cmd: list[str], log: Path) -> None:
+def run(cmd: list[str], log: Path, label: str = "") -> float:
+    """One rlft command, its output to `log`; prints its time and status (labelled by `label`, else by the
+    command's first arguments), stops the script when it fails, returns its seconds."""
     log.parent.mkdir(parents=True, exist_ok=True)
     tic = time.time()
     with open(log, "w") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    seconds = time.time() - tic
     status = "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode}), see {log}"
-    print(f"[env_table] {time.time() - tic:7.0f} s  {' '.join(cmd[3:6])} ... {status}", flush=True)
+    print(f"[{Path(sys.argv[0]).stem}] {seconds:7.0f} s  {label or ' '.join(cmd[3:6])} ... {status}", flush=True)
     if proc.returncode:
         raise SystemExit(f"command failed: {' '.join(cmd)}")
+    return seconds
 
 
 def main() -> None:

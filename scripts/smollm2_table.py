@@ -26,10 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from env_table import cell, run  # the sibling script's command runner and mean ± std cell
 
 RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft"}
 INSTRUCTION = "Give the final answer as '#### <answer>'."  # as the recipes' own task asks
@@ -58,26 +58,16 @@ def gsm8k_files(folder: Path, train_rows: int = 3000, test_rows: int = 300) -> t
     return train, test
 
 
-def row_overrides(row: str, root: Path) -> list[str]:
+def row_overrides(row: str, root: Path, write: bool = True) -> list[str]:
+    """The row's overrides on every command; `write`: its data files are written first where it has them."""
     if row == "chain_sum":
         return []  # the recipes' own task
     if row == "gsm8k_file":
-        train, _ = gsm8k_files(root / "data" / "gsm8k_file")
-        return ["env=math", "data=jsonl", f"data.source={train.parent.resolve()}"]
+        folder = root / "data" / "gsm8k_file"
+        if write:
+            gsm8k_files(folder)
+        return ["env=math", "data=jsonl", f"data.source={folder.resolve()}"]
     raise SystemExit(f"unknown row {row!r}; valid: chain_sum, gsm8k_file")
-
-
-def run(cmd: list[str], log: Path) -> float:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    tic = time.time()
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    seconds = time.time() - tic
-    status = "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode}), see {log}"
-    print(f"[smollm2_table] {seconds:6.0f} s  {log.stem} ... {status}", flush=True)
-    if proc.returncode:
-        raise SystemExit(f"command failed: {' '.join(cmd)}")
-    return seconds
 
 
 def main() -> None:
@@ -93,24 +83,23 @@ def main() -> None:
     args = p.parse_args()
     root = Path("runs") / args.run
     rows, seeds, algos = args.rows.split(","), [int(s) for s in args.seeds.split(",")], args.algos.split(",")
+    times = json.loads((root / "times.json").read_text()) if (root / "times.json").is_file() else {}
     if args.table_only:
-        times = json.loads((root / "times.json").read_text()) if (root / "times.json").is_file() else {}
         return write_table(root, rows, seeds, algos, times)
     rlft = [sys.executable, "-m", "rlft.cli"]
     common = ["logger.progress=false", *args.overrides]
     evals = ["eval.samples=4", "eval.k=[1,4]", f"eval.num_problems={args.eval_problems}", "eval.reference=none",
              "eval.rm=none", "eval.policy_samples=0"]
-    times = json.loads((root / "times.json").read_text()) if (root / "times.json").is_file() else {}
 
     def step(key: str, done: Path, cmd: list[str], log: Path) -> None:
         if args.dry_run:
             print(" ".join(cmd))
         elif not done.is_file():
-            times[key] = run(cmd, log)
+            times[key] = run(cmd, log, label=log.stem)
             (root / "times.json").write_text(json.dumps(times, indent=1))
 
     for row in rows:
-        extra = row_overrides(row, root) if not args.dry_run or row != "gsm8k_file" else ["env=math", "data=jsonl"]
+        extra = row_overrides(row, root, write=not args.dry_run)
 
         def evaluate(name: str, model: str) -> None:
             out = root / "eval" / f"{row}-{name}"
@@ -140,13 +129,6 @@ def accuracy(root: Path, row: str, name: str) -> dict | None:
     return {"greedy": m["greedy_accuracy"], "pass@4": m["pass@4"]}
 
 
-def cell(values: list) -> str:
-    values = [v * 100 for v in values if v is not None]
-    if not values:
-        return "–"
-    return f"{statistics.mean(values):.1f}" + (f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "")
-
-
 def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str], times: dict) -> None:
     lines = ["| task | model | seeds | greedy % | pass@4 % | gain over base | gain over SFT | run time (min) |",
              "|" + "---|" * 8]
@@ -154,23 +136,20 @@ def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str],
     for row in rows:
         base = accuracy(root, row, "base")
         for algo in ["base", "sft", *algos]:
-            names = ["base"] if algo == "base" else [f"{algo}_s{s}" for s in seeds]
-            got = [(n, accuracy(root, row, n)) for n in names]
-            got = [(n, a) for n, a in got if a is not None]
+            runs = [("", "base")] if algo == "base" else [(str(s), f"{algo}_s{s}") for s in seeds]
+            got = [(seed, name, a) for seed, name in runs if (a := accuracy(root, row, name))]
             if not got:
                 continue
-            greedy = [a["greedy"] for _, a in got]
+            greedy = [a["greedy"] for _, _, a in got]
             over_base = [g - base["greedy"] for g in greedy] if base and algo != "base" else []
-            sft = {n.split("_s")[-1]: accuracy(root, row, f"sft_s{n.split('_s')[-1]}") for n, _ in got}
-            over_sft = [a["greedy"] - sft[n.split("_s")[-1]]["greedy"] for n, a in got
-                        if algo not in ("base", "sft") and sft[n.split("_s")[-1]]]
-            minutes = [times[f"{row}/{n}"] / 60 for n, _ in got if f"{row}/{n}" in times]
+            over_sft = [] if algo in ("base", "sft") else \
+                [a["greedy"] - sft["greedy"] for seed, _, a in got if (sft := accuracy(root, row, f"sft_s{seed}"))]
+            minutes = [times[f"{row}/{name}"] / 60 for _, name, _ in got if f"{row}/{name}" in times]
             wall = f"{statistics.mean(minutes):.0f}" if minutes else ""
-            lines.append(f"| {row} | {algo} | {len(got)} | {cell(greedy)} | {cell([a['pass@4'] for _, a in got])} | "
+            lines.append(f"| {row} | {algo} | {len(got)} | {cell(greedy)} | {cell([a['pass@4'] for _, _, a in got])} | "
                          f"{cell(over_base) if over_base else ''} | {cell(over_sft) if over_sft else ''} | {wall} |")
-            for n, a in got:
-                csv.append(f"{row},{algo},{n.split('_s')[-1] if algo != 'base' else ''},{a['greedy']:.4f},"
-                           f"{a['pass@4']:.4f},{times.get(f'{row}/{n}', '')}")
+            for seed, name, a in got:
+                csv.append(f"{row},{algo},{seed},{a['greedy']:.4f},{a['pass@4']:.4f},{times.get(f'{row}/{name}', '')}")
     (root / "smollm2_table.md").write_text("\n".join(lines) + "\n")
     (root / "smollm2_table.csv").write_text("\n".join(csv) + "\n")
     print("\n".join(lines))

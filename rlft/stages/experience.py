@@ -105,7 +105,7 @@ def batched_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor
                    max_tokens: int = 0, packed: bool = False) -> torch.Tensor:
     """Critic values [N, L-1] aligned to targets: column p values the state before token p+1 (0 past
     each forward's longest row), on the CPU like the rollout's other tensors."""
-    dev = next(critic.module.parameters()).device
+    dev = critic.device
     out = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
     for rows in rollout_groups(attention_mask, 0, len(input_ids), micro, max_tokens, packed):
         width = int(attention_mask[rows].sum(-1).max())
