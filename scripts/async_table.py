@@ -21,21 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-
-def run(cmd: list[str], log: Path) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    tic = time.time()
-    with open(log, "w") as f:
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
-    print(f"[async_table] {time.time() - tic:6.0f} s  {' '.join(cmd[3:7])} ... {'ok' if code == 0 else log}",
-          flush=True)
-    if code:
-        raise SystemExit(f"command failed ({code}): {' '.join(cmd)}; see {log}")
+from env_table import cell, run  # the sibling script's command runner and mean ± std cell
 
 
 def timing(run_dir: Path) -> dict:
@@ -47,12 +36,6 @@ def timing(run_dir: Path) -> dict:
     return {"step_s": step, "wait_s": wait, "sampler_s": busy,
             "overlap": max(0.0, busy - wait) / step if busy else 0.0,
             "staleness": statistics.mean(r.get("staleness_mean", 0.0) for r in records)}
-
-
-def cell(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
-    mean = statistics.mean(values) * scale
-    spread = f" ± {statistics.stdev(values) * scale:.{digits}f}" if len(values) > 1 else ""
-    return f"{mean:.{digits}f}{spread}"
 
 
 def main() -> None:
