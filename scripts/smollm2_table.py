@@ -19,12 +19,14 @@ evaluated once. Every model is evaluated on the row's held-out problems (greedy,
 
 Runs go to runs/<run>/<row>/{sft,grpo,online_rft}_s<seed>/, evaluations to
 runs/<run>/eval/<row>-<name>/; finished ones are not redone. Writes runs/<run>/smollm2_table.{md,csv}
-with each run's wall time. Overrides after `--` go to every rlft command.
+with each run's wall time. RL models are also paired with their own seed's SFT model problem by
+problem: problems fixed and broken, summed over seeds, and a one-sided sign test on them. Overrides after `--` go to every rlft command.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -129,9 +131,45 @@ def accuracy(root: Path, row: str, name: str) -> dict | None:
     return {"greedy": m["greedy_accuracy"], "pass@4": m["pass@4"]}
 
 
+def greedy_right(root: Path, row: str, name: str) -> list[tuple[str, bool]] | None:
+    """(prompt, whether the greedy answer was right) per problem of one evaluation, in its order; None
+    without its samples."""
+    path = root / "eval" / f"{row}-{name}" / "samples.jsonl"
+    if not path.is_file():
+        return None
+    return [(r["prompt"], bool(r["greedy"]["correct"])) for r in map(json.loads, open(path))]
+
+
+def fixed_broken(before: list[tuple[str, bool]], after: list[tuple[str, bool]]) -> tuple[int, int]:
+    """Problems right after and wrong before (fixed), and wrong after and right before (broken); both
+    evaluations pose the same problems in the same order (a repeated problem counts each time)."""
+    if [p for p, _ in before] != [p for p, _ in after]:
+        raise ValueError("the two evaluations did not pose the same problems in the same order")
+    return (sum(a and not b for (_, b), (_, a) in zip(before, after)),
+            sum(b and not a for (_, b), (_, a) in zip(before, after)))
+
+
+def sign_test_p(fixed: int, broken: int) -> float:
+    """One-sided sign test on the changed problems: P(at least `fixed` of them fixed | no effect)."""
+    n = fixed + broken
+    return sum(math.comb(n, k) for k in range(fixed, n + 1)) / 2 ** n if n else 1.0
+
+
+def paired_cell(root: Path, row: str, algo: str, seeds: list[int]) -> str:
+    """Fixed / broken problems against each seed's own SFT model, summed over seeds, with the sign test."""
+    fixed = broken = 0
+    for seed in seeds:
+        before, after = greedy_right(root, row, f"sft_s{seed}"), greedy_right(root, row, f"{algo}_s{seed}")
+        if before is not None and after is not None:
+            f, b = fixed_broken(before, after)
+            fixed, broken = fixed + f, broken + b
+    return f"{fixed} / {broken} (p = {sign_test_p(fixed, broken):.2f})" if fixed + broken else ""
+
+
 def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str], times: dict) -> None:
-    lines = ["| task | model | seeds | greedy % | pass@4 % | gain over base | gain over SFT | run time (min) |",
-             "|" + "---|" * 8]
+    lines = ["| task | model | seeds | greedy % | pass@4 % | gain over base | gain over SFT | "
+             "fixed / broken vs SFT | run time (min) |",
+             "|" + "---|" * 9]
     csv = ["task,model,seed,greedy,pass@4,run_s"]
     for row in rows:
         base = accuracy(root, row, "base")
@@ -147,7 +185,8 @@ def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str],
             minutes = [times[f"{row}/{name}"] / 60 for _, name, _ in got if f"{row}/{name}" in times]
             wall = f"{statistics.mean(minutes):.0f}" if minutes else ""
             lines.append(f"| {row} | {algo} | {len(got)} | {cell(greedy)} | {cell([a['pass@4'] for _, _, a in got])} | "
-                         f"{cell(over_base) if over_base else ''} | {cell(over_sft) if over_sft else ''} | {wall} |")
+                         f"{cell(over_base) if over_base else ''} | {cell(over_sft) if over_sft else ''} | "
+                         f"{paired_cell(root, row, algo, seeds) if over_sft else ''} | {wall} |")
             for seed, name, a in got:
                 csv.append(f"{row},{algo},{seed},{a['greedy']:.4f},{a['pass@4']:.4f},{times.get(f'{row}/{name}', '')}")
     (root / "smollm2_table.md").write_text("\n".join(lines) + "\n")

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import sys
 
+import pytest
 from helpers import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))  # the script imports its sibling env_table, as when run
@@ -41,5 +42,32 @@ def test_table_gains_over_the_base_model_and_over_each_seeds_sft(tmp_path):
     cells = [c.strip() for c in grpo.split("|")[1:-1]]
     assert cells[2] == "2" and cells[3] == "53.0 ± 4.2"  # greedy over the two seeds
     assert cells[5] == "53.0 ± 4.2" and cells[6] == "8.0 ± 2.8"  # over base (0), over each seed's own SFT
-    assert cells[7] == "55"  # minutes, the mean run time
+    assert cells[7] == ""  # no samples written, no paired count
+    assert cells[8] == "55"  # minutes, the mean run time
     assert not any("online_rft" in line for line in lines)  # no evaluation, no row
+
+
+def write_samples(root, tag: str, right: list[bool]) -> None:
+    with open(root / "eval" / tag / "samples.jsonl", "w") as f:
+        for i, ok in enumerate(right):
+            f.write(json.dumps({"prompt": f"q{i % 3}", "greedy": {"correct": ok}}) + "\n")
+
+
+def test_fixed_and_broken_problems_pair_each_seed_with_its_own_sft(tmp_path):
+    write_eval(tmp_path, "chain_sum-base", 0.0)
+    runs = {0: ([0, 0, 1, 1], [1, 1, 1, 0]), 1: ([1, 0, 0, 1], [1, 1, 0, 1])}  # seed: (sft, grpo) per problem
+    for seed, (sft, grpo) in runs.items():
+        for name, right in (("sft", sft), ("grpo", grpo)):
+            write_eval(tmp_path, f"chain_sum-{name}_s{seed}", sum(right) / 4)
+            write_samples(tmp_path, f"chain_sum-{name}_s{seed}", [bool(r) for r in right])
+    table.write_table(tmp_path, ["chain_sum"], [0, 1], ["grpo"], {})
+    grpo = next(line for line in (tmp_path / "smollm2_table.md").read_text().splitlines() if "| grpo |" in line)
+    assert grpo.split("|")[8].strip() == "3 / 1 (p = 0.31)"  # seed 0: 2 fixed, 1 broken; seed 1: 1 fixed
+
+
+def test_fixed_broken_needs_the_same_problems_and_the_sign_test_is_one_sided():
+    before = [("a", True), ("b", False), ("a", True)]
+    assert table.fixed_broken(before, [("a", False), ("b", True), ("a", False)]) == (1, 2)
+    with pytest.raises(ValueError, match="same problems"):
+        table.fixed_broken(before, [("b", True), ("a", True), ("a", True)])
+    assert table.sign_test_p(3, 0) == 0.125 and table.sign_test_p(1, 1) == 0.75 and table.sign_test_p(0, 0) == 1.0
