@@ -20,7 +20,8 @@ evaluated once. Every model is evaluated on the row's held-out problems (greedy,
 Runs go to runs/<run>/<row>/{sft,grpo,online_rft}_s<seed>/, evaluations to
 runs/<run>/eval/<row>-<name>/; finished ones are not redone. Writes runs/<run>/smollm2_table.{md,csv}
 with each run's wall time. RL models are also paired with their own seed's SFT model problem by
-problem: problems fixed and broken, summed over seeds, and a one-sided sign test on them. Overrides after `--` go to every rlft command.
+problem: problems fixed and broken, summed over seeds, and a one-sided sign test on them.
+Overrides after `--` go to every rlft command.
 """
 from __future__ import annotations
 
