@@ -30,7 +30,9 @@ RL = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max
       "rollout.batch_size=16", "train.micro_batch_per_device=8", "algo.eval_every=0", "algo.eval_problems=4"]
 OFFLINE = ["train.batch_size=8", "train.micro_batch_per_device=4"]
 ROWS = {  # name -> (command, overrides); parents first
-    "sft": ("train", ["algo=sft", *OFFLINE]),
+    # the smollm2_sft recipe's rate: two steps at the built-in preset's 3e-3 (a rate for the tiny model) leave
+    # a pretrained model unable to end an answer, and every stage after SFT starts from it
+    "sft": ("train", ["algo=sft", "train.lr=1e-5", *OFFLINE]),
     "rm": ("train", ["algo=rm", *OFFLINE]),
     "prm": ("train", ["algo=prm", *OFFLINE]),
     "grpo_hf": ("train", ["algo=grpo", "rollout.engine=hf", *RL]),
