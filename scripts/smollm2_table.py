@@ -141,7 +141,7 @@ def greedy_right(root: Path, row: str, name: str) -> list[tuple[str, bool]] | No
     path = root / "eval" / f"{row}-{name}" / "samples.jsonl"
     if not path.is_file():
         return None
-    return [(r["prompt"], bool(r["greedy"]["correct"])) for r in map(json.loads, open(path))]
+    return [(r["prompt"], bool(r["greedy"]["correct"])) for r in map(json.loads, path.read_text().splitlines())]
 
 
 def fixed_broken(before: list[tuple[str, bool]], after: list[tuple[str, bool]]) -> tuple[int, int]:
