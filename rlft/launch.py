@@ -94,6 +94,10 @@ def preflight(cfg) -> None:
 
             tokenizer = load_tokenizer(cfg.model, parent)
         env = envs.build(cfg, tokenizer)
+        if spec.samples or policy_samples:  # what the environment runs under (a sandbox refused here, not in a rank)
+            line = env.describe()
+            if line:
+                print(f"[rlft] {line}", flush=True)
         rows = env.rows("train")
         if not rows:
             raise DataError(f"environment {cfg.env.name}: the training split has no rows")

@@ -37,6 +37,28 @@ TINY_MODEL = [a for a in TINY if not a.startswith("data.task.")]
 SMALL_BATCH = ["train.batch_size=8", "train.micro_batch_per_device=4", "train.log_every=1"]
 
 
+def require(missing: str | None) -> None:
+    """Skip a test whose prerequisite is missing (`missing` says what), except in CI (CI=true), where `make test`
+    installs every prerequisite and a skip would hide a test that never ran: there it fails."""
+    import pytest
+
+    if missing and os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+        pytest.fail(f"CI runs this test, but: {missing}")
+    if missing:
+        pytest.skip(missing)
+
+
+def sandbox_missing() -> str | None:
+    """Why env=python's default sandbox (bubblewrap) cannot run here, or None (`make test` installs it)."""
+    from rlft.envs import sandbox
+
+    try:
+        sandbox.isolation("bwrap")
+    except sandbox.SandboxUnavailable as exc:
+        return str(exc)
+    return None
+
+
 def cli_env(**extra: str) -> dict:
     env = dict(os.environ)
     env.update(WANDB_MODE="disabled", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",

@@ -354,12 +354,20 @@ class EnvConfig:
     tool_format: str = "fenced"
     """python: fenced (```python blocks) | chat (a `python` tool in the chat template's own tool-call format:
     the tokenizer's response template, or `<tool_call>` JSON)."""
+    sandbox: str = "bwrap"
+    """python: how the model's code is isolated: bwrap (bubblewrap's namespaces: a read-only system, a private /tmp, no
+    network, its own /proc, an unprivileged uid; refused in one line where it cannot be set up) | trusted (no
+    isolation: the code runs as you, with your files and network; the run header says so). docs/environments.md."""
     timeout_s: float = 5.0
     """python: wall-clock limit of one code run."""
     cpu_s: int = 2
     """python: CPU-time limit of one code run."""
     memory_mb: int = 512
     """python: address-space limit of one code run."""
+    max_procs: int = 16
+    """python, env.sandbox=bwrap: most processes and threads of one code run at once (itself included)."""
+    disk_mb: int = 64
+    """python, env.sandbox=bwrap: size of the private /tmp one code run writes in (its working directory)."""
     max_output_chars: int = 1000
     """python: longest tool output returned to the model (longer output is cut, and says so)."""
     options: dict = field(default_factory=dict)

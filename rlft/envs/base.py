@@ -13,6 +13,8 @@ An environment owns a task's data and its judgement:
     step_labels(row, steps)     optional: exact 0/1 labels of reasoning steps (process supervision)
     use_tokenizer(tokenizer)    optional: the policy's tokenizer, given before sampling or encoding (e.g.
                                 to speak its tool-call format)
+    describe()                  optional: a line for the run header (e.g. a tool's sandbox), asked before
+                                a sampling stage starts
 
 A single-turn task is one step: `stop` is empty and `step` is never called. A multi-turn task lists
 the strings that end a model turn (a tool call's last characters) in `stop`; rlft's episode driver
@@ -89,6 +91,12 @@ class Environment:
         if "response" not in row:
             raise NotImplementedError(f"environment {self.name} has no demonstrations for its rows")
         return [(str(row["response"]), True)]
+
+    def describe(self) -> str:
+        """A line for the run header on what the environment runs under (e.g. the sandbox a tool's code runs
+        in); empty: nothing to say. Asked before a sampling stage starts: a ConfigError raised here stops
+        the run in one line."""
+        return ""
 
     def use_tokenizer(self, tokenizer) -> None:
         """The policy's tokenizer, given by the stages that sample or encode (not by the command line's

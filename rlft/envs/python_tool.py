@@ -7,8 +7,9 @@ The model writes a fenced block
     ```
 
 and its turn ends at the closing fence (the stop string "```"; an opening fence ends nothing). The
-environment runs the block in a sandboxed subprocess (rlft/envs/sandbox.py: CPU-time, wall-time
-and memory limits, no network, a temporary working directory) and replies with its output, cut to
+environment runs the block in a sandbox (rlft/envs/sandbox.py, `env.sandbox`: bubblewrap's namespaces by
+default, refused in one line where they cannot be had; CPU-time, wall-time, memory, process and disk
+limits) and replies with its output, cut to
 `env.max_output_chars`, as a tool message (with a chat template: a `tool` turn rendered by the
 template once; without one: `<output>...</output>` text). A run that fails or breaks a limit replies
 with what it printed and why it stopped; the trajectory goes on. At most `env.max_turns` model turns.
@@ -84,8 +85,10 @@ class PythonEnv(MathEnv):
     def __init__(self, cfg):
         super().__init__(cfg)
         env_cfg = cfg.env
+        self.sandbox = sandbox.check_mode(str(env_cfg.sandbox))
         self.limits = sandbox.Limits(timeout_s=float(env_cfg.timeout_s), cpu_s=int(env_cfg.cpu_s),
-                                     memory_mb=int(env_cfg.memory_mb))
+                                     memory_mb=int(env_cfg.memory_mb), max_procs=int(env_cfg.max_procs),
+                                     disk_mb=int(env_cfg.disk_mb))
         self.max_output_chars = int(env_cfg.max_output_chars)
         self.tool_format = str(env_cfg.tool_format)
         if self.tool_format not in TOOL_FORMATS:
@@ -101,6 +104,10 @@ class PythonEnv(MathEnv):
         if self.tool_format == "chat":
             self.calls = tool_calls.tool_call_format(tokenizer)
             self.stop = self.calls.stop
+
+    def describe(self) -> str:
+        """The isolation the code runs under (a SandboxUnavailable line where it cannot be had)."""
+        return sandbox.describe(self.sandbox)
 
     def rows(self, split: str) -> list[dict]:
         rows = super().rows(split)
@@ -154,7 +161,7 @@ class PythonEnv(MathEnv):
         return self.run(code)
 
     def run(self, code: str) -> Reply:
-        result = sandbox.run(code, self.limits)
+        result = sandbox.run(code, self.limits, self.sandbox)
         return tool_reply(tool_text(result, self.max_output_chars), result.error)
 
     def chat_step(self, transcript: str) -> Reply:

@@ -1,81 +1,77 @@
-"""Running untrusted Python in a subprocess with limits (env=python; docs/environments.md).
+"""Running a model's Python under operating-system isolation (env=python; docs/environments.md).
 
-What `run` does for each piece of code:
-  * a fresh temporary directory as the working directory and HOME, removed afterwards;
-  * a new Python (`-I -B`: no user site, no PYTHONPATH, no bytecode written) with an empty environment;
-  * resource limits: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS), file size (RLIMIT_FSIZE),
-    open files (RLIMIT_NOFILE); as root, where this Python can run as the unprivileged user `nobody`,
-    it runs as nobody with a process cap (RLIMIT_NPROC, which does not bind root);
-  * no network: a network namespace of its own with no interfaces (`unshare -n`, or `unshare -U -r -n`
-    where the process may make a user namespace), when this machine allows one;
-  * an audit hook (PEP 578) installed before the code runs that refuses, from Python: new processes
-    (fork, exec, spawn, subprocess, os.system, and the modules that reach them natively: ctypes,
-    _posixsubprocess, multiprocessing), sockets, signals to other processes, and writing, removing or
-    renaming files outside the working directory;
-  * a wall-clock limit, after which the whole process group is killed, and at most `max_read_bytes`
-    of output read (then it is killed too).
+A model under RL is optimised to get reward, and its code will use any way the sandbox leaves to
+change what it is judged by. So the boundary is the kernel's, never a check inside the interpreter
+that runs the code. Two modes (`env.sandbox`):
 
-What it does not protect against: code that escapes the audit hook through a C extension already
-importable in that Python (the hook guards Python-level calls, not native code), reading files that
-the user it runs as may read, and a kernel exploit. Run untrusted models' code on a machine or in a
-container you would give to a stranger.
+* `bwrap` (the default): bubblewrap puts each run in namespaces of its own. The code sees a
+  read-only view of the system's /usr (and /bin, /lib, ...) and of the Python that runs it, a few
+  harmless /etc files, a private tmpfs at /tmp (its working directory and HOME, `disk_mb` in size),
+  its own /proc (no other process is visible), a minimal /dev, no network (an empty network
+  namespace: not even the host's loopback), and nothing else: not the trainer's files, home, data,
+  checkpoints or environment. It runs as uid 65534 with no capabilities and no_new_privs, cannot
+  make further user namespaces, and every process it starts dies with the run (the PID namespace
+  ends when the code does). Run by root, bubblewrap itself is started as `nobody`, so the code is an
+  unprivileged user on the host too and the process cap (RLIMIT_NPROC, counted per sandbox in its
+  own user namespace) binds; under any other user it runs as that user.
+* `trusted`: no isolation. The code runs as the trainer's user, with its files, processes and
+  network; only the limits below apply. For code you trust, or a machine that is itself the sandbox.
+
+In both, the code runs in a fresh interpreter (`-I -B -u`: no user site, no PYTHON* variables, no
+bytecode written, output unbuffered) with an empty environment, under limits set before it starts and that it cannot
+raise: CPU seconds, address space, file size, open files, no core files (and, with bwrap, processes);
+plus a wall-clock limit and at most `max_read_bytes` of output read, after which everything is killed.
+
+What bwrap does not stop is in docs/environments.md ("The sandbox"): the kernel's own system-call
+surface (no seccomp filter), reading what is in the read-only view, and CPU or memory pressure on
+the host up to the limits.
 """
 from __future__ import annotations
 
 import functools
 import os
-import resource
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
-NOBODY = 65534
+from rlft.errors import ConfigError
 
-# Installed in the child before the user's code runs (`python -I -B -c GUARD main.py`).
-GUARD = r'''
-import os, sys
-_root = os.path.realpath(os.getcwd())
-_BLOCKED = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "subprocess.Popen",
-            "os.kill", "os.killpg", "signal.pthread_kill", "socket.__new__", "socket.connect", "socket.bind",
-            "socket.getaddrinfo", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function",
-            "os.chroot", "os.setuid", "os.setgid", "sys.addaudithook", "pty.spawn"}
-_MODULES = {"ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty", "resource"}
-_PATHS = {"os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.chown", "os.symlink", "os.link",
-          "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"}
-def _inside(path):
-    try:
-        p = os.path.realpath(os.fsdecode(path) if not isinstance(path, int) else "/")
-    except Exception:
-        return False
-    return p == _root or p.startswith(_root + os.sep)
-def _guard(event, args):
-    if event in _BLOCKED:
-        raise PermissionError(f"sandbox: {event} is not allowed")
-    if event == "import" and args and str(args[0]).split(".")[0] in _MODULES:
-        raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
-    if event == "open" and len(args) >= 3 and isinstance(args[0], (str, bytes)):
-        mode, flags = args[1] or "", args[2] or 0
-        writes = any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-        if writes and not _inside(args[0]):
-            raise PermissionError(f"sandbox: writing {os.fsdecode(args[0])} (outside the working directory)")
-    if event in _PATHS and args and isinstance(args[0], (str, bytes, os.PathLike)):
-        for a in args:
-            if isinstance(a, (str, bytes, os.PathLike)) and not _inside(a):
-                raise PermissionError(f"sandbox: {event} on {os.fsdecode(a)} (outside the working directory)")
-sys.addaudithook(_guard)
-del _guard
+MODES = ("bwrap", "trusted")
+SANDBOX_UID = 65534
+"""The uid the code runs as under bwrap (`nobody`), inside the sandbox and, when rlft runs as root, on the host."""
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""Mounted read-only (or recreated as the symlinks they are, on a merged-/usr system)."""
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives")
+"""The only /etc files the code sees (the dynamic loader's cache, the time zone), where they exist."""
+WORKDIR = "/tmp"
+"""The code's working directory and HOME inside the sandbox: a private tmpfs of `disk_mb`."""
+FIND_BWRAP = "install bubblewrap (apt-get install bubblewrap, dnf install bubblewrap, pacman -S bubblewrap)"
+TRUSTED_HINT = "or set env.sandbox=trusted to run the model's code without isolation (only for code you trust)"
+
+# Run in the sandbox's interpreter before the code: the limits (which the code cannot raise again), then
+# main.py, with a traceback of the code's own frames only (what a person running main.py would see).
+PRELUDE = r'''
+import resource, sys
+_cpu, _memory, _file, _procs = map(int, sys.argv[1:5])
+for _limit, _soft, _hard in ((resource.RLIMIT_CPU, _cpu, _cpu + 1), (resource.RLIMIT_AS, _memory, _memory),
+                             (resource.RLIMIT_FSIZE, _file, _file), (resource.RLIMIT_NOFILE, 64, 64),
+                             (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NPROC, _procs, _procs)):
+    if _hard >= 0:  # -1: not set
+        resource.setrlimit(_limit, (_soft, _hard))
+del resource, _cpu, _memory, _file, _procs, _limit, _soft, _hard
 sys.argv = ["main.py"]
 import traceback as _tb
 try:
     exec(compile(open("main.py").read(), "main.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 except SystemExit:
     raise
-except BaseException as _err:  # the user's frames only: what a person running main.py would see
+except BaseException as _err:
     _frames = [f for f in _tb.extract_tb(_err.__traceback__) if f.filename == "main.py"]
     print("Traceback (most recent call last):", file=sys.stderr)
     print("".join(_tb.format_list(_frames)) + "".join(_tb.format_exception_only(type(_err), _err)), end="",
@@ -84,13 +80,16 @@ except BaseException as _err:  # the user's frames only: what a person running m
 '''
 
 
-@dataclass
+@dataclass(frozen=True)
 class Limits:
     timeout_s: float = 5.0
     cpu_s: int = 2
     memory_mb: int = 512
     max_procs: int = 16
+    """Processes and threads the code may have at once, itself included (bwrap only)."""
     max_file_mb: int = 16
+    disk_mb: int = 64
+    """Size of the private /tmp the code writes in (bwrap only; trusted writes to a host temp folder)."""
     max_read_bytes: int = 64_000
 
 
@@ -102,96 +101,215 @@ class Result:
     seconds: float
 
 
-def _limit_child(limits: Limits, drop: bool) -> None:
-    """Runs in the child between fork and exec."""
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-    memory = limits.memory_mb * 2 ** 20
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    size = limits.max_file_mb * 2 ** 20
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if drop:
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
-        _as_nobody()
+class SandboxUnavailable(ConfigError):
+    """The isolation env.sandbox asks for cannot be set up here (one line: what is missing, how to get it)."""
 
 
-@functools.lru_cache(maxsize=2)
-def network_isolation(drop: bool) -> tuple[str, ...]:
-    """The command prefix that gives the child an empty network namespace here, or () when none works."""
-    if not shutil.which("unshare"):
-        return ()
-    for prefix in (("unshare", "-n"), ("unshare", "-U", "-r", "-n")):
-        try:
-            probe = subprocess.run(list(prefix) + ["true"], capture_output=True, timeout=10,
-                                   preexec_fn=_as_nobody if drop else None)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return ()
+@dataclass(frozen=True)
+class Isolation:
+    """What a mode amounts to on this machine, found once per process (`isolation`)."""
+    mode: str
+    python: str                 # the interpreter that runs the code (the same path inside the sandbox)
+    mounts: tuple[str, ...]     # bwrap's filesystem arguments
+    host_uid: int | None        # the uid bwrap is started as (None: the trainer's own)
+    version: str = ""
+
+    def describe(self) -> str:
+        if self.mode == "trusted":
+            return (f"sandbox: NONE (env.sandbox=trusted): the model's code runs as uid {os.geteuid()} with this "
+                    f"machine's files, processes and network; only CPU, memory, file-size, wall-clock and output "
+                    f"limits apply; Python {self.python}")
+        host = SANDBOX_UID if self.host_uid is not None else os.geteuid()
+        return (f"sandbox: {self.version}: uid {SANDBOX_UID} (host uid {host}), no capabilities, own pid/mount/ipc/"
+                f"uts/user namespaces, no network, read-only {', '.join(read_only_paths(self.mounts))}, private {WORKDIR}; "
+                f"Python {self.python}")
 
 
-def _as_nobody() -> None:
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ConfigError(f"env.sandbox={mode}: expected one of {', '.join(MODES)}")
+    return mode
 
 
-@functools.lru_cache(maxsize=1)
-def drops_privileges() -> bool:
-    """As root, whether this Python runs as `nobody` (it cannot where it lives in a folder only root reads,
-    e.g. under /root): then the code runs as nobody with a process cap; else as root, without one."""
-    if os.geteuid() != 0:
-        return False
+def read_only_paths(mounts: tuple[str, ...]) -> list[str]:
+    """The host paths a bwrap argument list mounts read-only (for the header)."""
+    return [mounts[i + 1] for i, arg in enumerate(mounts) if arg == "--ro-bind"]
+
+
+def others_can_run(path: str) -> bool:
+    """Whether a user who owns nothing on the way (`nobody`) can reach and run `path`: every folder above it
+    searchable by others and the file itself readable and executable by others."""
+    path = os.path.realpath(path)
     try:
-        probe = subprocess.run([sys.executable, "-I", "-c", "pass"], capture_output=True, timeout=30, cwd="/",
-                               preexec_fn=_as_nobody)
-    except (OSError, subprocess.SubprocessError):
+        mode = os.stat(path).st_mode
+        if not (mode & stat.S_IROTH and mode & stat.S_IXOTH):
+            return False
+        folder = os.path.dirname(path)
+        while True:
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return False
+            if folder == "/":
+                return True
+            folder = os.path.dirname(folder)
+    except OSError:
         return False
-    return probe.returncode == 0
 
 
-def describe() -> str:
-    drop = drops_privileges()
-    net = network_isolation(drop)
-    return (f"sandbox: {'user nobody, ' if drop else ''}"
-            f"{'network namespace (' + ' '.join(net) + ')' if net else 'no network namespace (audit hook only)'}")
+def python_candidates() -> list[tuple[str, tuple[str, ...]]]:
+    """Interpreters the code may run in, with the folders each needs: this Python first (its installation
+    and, in a virtual environment, the environment's packages), then the system's."""
+    own = (os.path.realpath(sys.executable),
+           tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix))))
+    system = [(os.path.realpath(p), ("/usr",)) for p in ("/usr/bin/python3", "/usr/local/bin/python3")
+              if os.path.exists(p)]
+    return [own] + [s for s in system if s[0] != own[0]]
 
 
-def run(code: str, limits: Limits) -> Result:
-    """Run `code` as a script in a fresh sandbox; never raises for anything the code does."""
-    drop = drops_privileges()
-    workdir = tempfile.mkdtemp(prefix="rlft-sandbox-")
+def choose_python(as_nobody: bool) -> tuple[str, tuple[str, ...]]:
+    """The first candidate the sandbox's user can run (as root the code runs as nobody, who cannot enter
+    e.g. /root); a one-line refusal when none."""
+    candidates = python_candidates()
+    for python, prefixes in candidates:
+        if not as_nobody or (others_can_run(python) and all(others_can_run(p) or p == "/usr" for p in prefixes)):
+            return python, prefixes
+    raise SandboxUnavailable(
+        f"env.sandbox=bwrap: the sandbox runs the model's code as the unprivileged user nobody, who cannot reach "
+        f"any Python here ({', '.join(c[0] for c in candidates)}: a folder on the way is closed to other users); "
+        f"install the system's python3 (apt-get install python3), run rlft as a non-root user, {TRUSTED_HINT}")
+
+
+def bwrap_mounts(prefixes: tuple[str, ...]) -> tuple[str, ...]:
+    """bwrap's filesystem arguments: the system's folders and the Python's prefixes read-only, a few /etc
+    files, its own /proc and /dev; the private /tmp is added per run (its size is a limit)."""
+    args: list[str] = []
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for prefix in prefixes:
+        if prefix != "/" and not any(prefix == p or prefix.startswith(p + "/") for p in SYSTEM_PATHS):
+            args += ["--ro-bind", prefix, prefix]
+    for path in ETC_FILES:
+        args += ["--ro-bind-try", path, path]
+    return tuple(args + ["--proc", "/proc", "--dev", "/dev"])
+
+
+BWRAP_OPTIONS = ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                 "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session",
+                 "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--clearenv")
+
+
+def bwrap_command(iso: Isolation, limits: Limits, code_fd: int) -> list[str]:
+    env = {"HOME": WORKDIR, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    setenv = [a for k, v in env.items() for a in ("--setenv", k, v)]
+    size = ["--size", str(limits.disk_mb * 2 ** 20), "--perms", "1777"]
+    return (["bwrap", *BWRAP_OPTIONS, *iso.mounts, *size, "--tmpfs", WORKDIR, *size, "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev", "--remount-ro", "/", "--file", str(code_fd), f"{WORKDIR}/main.py",
+             "--chdir", WORKDIR, *setenv]
+            + interpreter_command(iso.python, limits, procs=limits.max_procs + 1))  # + 1: bwrap's init
+
+
+def interpreter_command(python: str, limits: Limits, procs: int) -> list[str]:
+    """The interpreter, the prelude and the limits it sets (-1: not set)."""
+    values = (limits.cpu_s, limits.memory_mb * 2 ** 20, limits.max_file_mb * 2 ** 20, procs)
+    return [python, "-I", "-B", "-u", "-c", PRELUDE, *map(str, values)]  # -u: output in the order it was written
+
+
+@functools.lru_cache(maxsize=None)
+def isolation(mode: str = "bwrap") -> Isolation:
+    """The isolation `mode` gives on this machine, checked by running it once; a SandboxUnavailable line
+    when it cannot be had (bwrap missing, user namespaces disabled, no Python the sandbox's user can run)."""
+    check_mode(mode)
+    if mode == "trusted":
+        return Isolation("trusted", os.path.realpath(sys.executable), (), None)
+    if not shutil.which("bwrap"):
+        raise SandboxUnavailable(f"env.sandbox=bwrap: bubblewrap (bwrap) is not on PATH; {FIND_BWRAP}, {TRUSTED_HINT}")
+    as_nobody = os.geteuid() == 0
+    python, prefixes = choose_python(as_nobody)
+    version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip() or "bwrap"
+    iso = Isolation("bwrap", python, bwrap_mounts(prefixes), SANDBOX_UID if as_nobody else None, version)
+    probe = run("import os; print(os.getuid())", Limits(timeout_s=30), iso=iso)
+    if probe.error or probe.output.strip() != str(SANDBOX_UID):
+        said = " ".join(probe.output.split())[:300] or probe.error
+        raise SandboxUnavailable(
+            f"env.sandbox=bwrap: bubblewrap could not start the sandbox ({said}); it needs unprivileged user "
+            f"namespaces (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; on Ubuntu "
+            f"24.04 and later also kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for "
+            f"bwrap), {TRUSTED_HINT}")
+    return iso
+
+
+def describe(mode: str = "bwrap") -> str:
+    """The run header's line: which isolation is in force (raises SandboxUnavailable where none can be had)."""
+    return isolation(mode).describe()
+
+
+def run(code: str, limits: Limits, mode: str = "bwrap", iso: Isolation | None = None) -> Result:
+    """Run `code` as a script in a fresh sandbox; never raises for anything the code does (SandboxUnavailable
+    when the mode's isolation cannot be had here)."""
+    iso = iso or isolation(mode)
     tic = time.time()
+    if iso.mode == "trusted":
+        return _run_trusted(code, limits, iso, tic)
+    code_fd = os.memfd_create("main.py")
+    try:
+        os.write(code_fd, code.encode("utf-8", "surrogateescape"))
+        os.lseek(code_fd, 0, os.SEEK_SET)
+        drop = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []} if iso.host_uid is not None else {}
+        proc = subprocess.Popen(bwrap_command(iso, limits, code_fd), env={}, cwd="/", stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(code_fd,),
+                                start_new_session=True, **drop)
+    finally:
+        os.close(code_fd)
+    return _finish(proc, limits, tic, signal_base=128)  # bwrap exits 128 + N when the code died of signal N
+
+
+def _run_trusted(code: str, limits: Limits, iso: Isolation, tic: float) -> Result:
+    workdir = tempfile.mkdtemp(prefix="rlft-trusted-")
     try:
         with open(os.path.join(workdir, "main.py"), "w") as f:
             f.write(code)
-        if drop:
-            os.chown(workdir, NOBODY, NOBODY)
-            os.chown(os.path.join(workdir, "main.py"), NOBODY, NOBODY)
-        cmd = list(network_isolation(drop)) + [sys.executable, "-I", "-B", "-c", GUARD]
         env = {"HOME": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, preexec_fn=functools.partial(_limit_child, limits, drop))
-        output, why = _read(proc, limits, tic)
-        code_ = proc.returncode
-        if why is None and code_ is not None and code_ < 0:
-            sig = -code_
-            why = {signal.SIGXCPU: "cpu time limit", signal.SIGKILL: "killed",
-                   signal.SIGSEGV: "crashed (memory)"}.get(sig, f"signal {sig}")
-        if why is None and code_ and "MemoryError" in output:
-            why = "memory limit"
-        elif why is None and code_:
-            why = f"exit code {code_}"
-        return Result(output=output, exit_code=code_, error=why, seconds=time.time() - tic)
+        proc = subprocess.Popen(interpreter_command(iso.python, limits, procs=-1), cwd=workdir, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return _finish(proc, limits, tic, signal_base=None)
+        finally:
+            _kill(proc)  # what it left running in its process group (a process that left the group lives on)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+SIGNAL_ERRORS = {signal.SIGXCPU: "cpu time limit", signal.SIGKILL: "killed", signal.SIGSEGV: "crashed (memory)",
+                 signal.SIGXFSZ: "file size limit"}
+
+
+def _finish(proc: subprocess.Popen, limits: Limits, tic: float, signal_base: int | None) -> Result:
+    output, why = _read(proc, limits, tic)
+    code = proc.returncode
+    if why is None:
+        why = exit_error(code, output, signal_base)
+    return Result(output=output, exit_code=code, error=why, seconds=time.time() - tic)
+
+
+def exit_error(code: int | None, output: str, signal_base: int | None) -> str | None:
+    """What an exit status says went wrong (None: exited 0)."""
+    if not code:
+        return None
+    sig = -code if code < 0 else (code - signal_base if signal_base and signal_base < code <= signal_base + 64
+                                  else None)
+    if sig:
+        return SIGNAL_ERRORS.get(sig, f"signal {sig}")
+    if "MemoryError" in output:
+        return "memory limit"
+    return f"exit code {code}"
+
+
 def _read(proc: subprocess.Popen, limits: Limits, tic: float) -> tuple[str, str | None]:
-    """The child's output until it exits, passes the wall-clock limit or writes too much (killed then)."""
+    """The child's output until it exits, passes the wall-clock limit or writes too much (killed then: with
+    bwrap, the sandbox's init dies with bwrap, which ends its PID namespace and every process in it)."""
     chunks, size, why = [], 0, None
     fd = proc.stdout.fileno()
     while True:
@@ -224,4 +342,4 @@ def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        proc.kill()
+        pass

@@ -249,6 +249,9 @@ def run_eval(cfg) -> list[dict]:
         raise ConfigError("eval.tag names one evaluation; drop it when eval.models lists several checkpoints")
     for ref in refs:  # fail on a missing checkpoint before spending time on the others
         eval_model_path(_with_model(cfg, ref))
+    line = envs.build(cfg).describe()  # what the environment runs under (a sandbox refused before any model loads)
+    if line:
+        print(f"[rlft] {line}", flush=True)
     records = [eval_one(cfg, ref) for ref in refs]
     eval_root = Path(cfg.run.root) / cfg.run.name / "eval"
     table = write_comparison(eval_root, [output_dir(_with_model(cfg, ref), ref).name for ref in refs])

@@ -4,11 +4,14 @@ by import path (tests/data/toy_env.py) whose trajectories really are multi-turn.
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 
 from helpers import (HERMES_TEMPLATE, RL_SMALL, TINY, USER_REWARD, assert_finite, changed_tensors, explain,
-                     load_safetensors, read_manifest, read_metrics, rl_cli, rl_env, run_cli, stage_dir)
+                     load_safetensors, read_manifest, read_metrics, require, rl_cli, rl_env, run_cli, sandbox_missing,
+                     stage_dir)
 
 RUN = "env"
 SFT = ["algo=sft", "train.max_steps=3", "train.batch_size=8", "train.micro_batch_per_device=8", "train.save_every=0"]
@@ -26,10 +29,13 @@ def ok(proc):
 
 @pytest.mark.parametrize("name", sorted(ENVS))
 def test_sft_grpo_and_eval_through_each_environment(tmp_path, name):
+    if name == "python":
+        require(sandbox_missing())
     env = ENVS[name]
     ok(rl_cli(tmp_path, "train", *SFT, f"run.name={RUN}", *env))
-    ok(rl_cli(tmp_path, "train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, "train.max_steps=1", *env,
-              f"reward.functions=[correctness,{USER_REWARD}:alternate]"))
+    grpo = ok(rl_cli(tmp_path, "train", "algo=grpo", f"run.name={RUN}", *RL_SMALL, "train.max_steps=1", *env,
+                     f"reward.functions=[correctness,{USER_REWARD}:alternate]"))
+    assert ("[rlft] sandbox: bubblewrap" in grpo.stdout) == (name == "python")  # the header says what isolates the code
     out = stage_dir(tmp_path, RUN, "grpo")
     assert read_manifest(out)["completed"] is True
     assert changed_tensors(load_safetensors(stage_dir(tmp_path, RUN, "sft") / "final"), load_safetensors(out / "final"))
@@ -37,11 +43,29 @@ def test_sft_grpo_and_eval_through_each_environment(tmp_path, name):
     assert_finite([rec["reward"], rec["reward/correctness"], rec["entropy"]])
     if name != "reasoning_gym":  # the tool environments count turns and calls
         assert rec["turns"] >= 1 and 0 <= rec["tool_use_frac"] <= 1
-    ok(rl_cli(tmp_path, "eval", f"run.name={RUN}", "model.path=stage:grpo", "eval.num_problems=4", "eval.samples=2",
-              "eval.k=[1,2]", "eval.max_new_tokens=24", *env))
+    evaluation = ok(rl_cli(tmp_path, "eval", f"run.name={RUN}", "model.path=stage:grpo", "eval.num_problems=4",
+                           "eval.samples=2", "eval.k=[1,2]", "eval.max_new_tokens=24", *env))
+    assert ("[rlft] sandbox: bubblewrap" in evaluation.stdout) == (name == "python")
     record = json.loads((tmp_path / "runs" / RUN / "eval" / "grpo" / "eval.json").read_text())
     assert record["env"] == name and record["metrics"]["num_problems"] == 4
     assert ("tool_use_rate" in record["metrics"]) == (name != "reasoning_gym")
+
+
+def test_env_python_without_its_sandbox_stops_in_one_line_unless_trusted_is_asked_for(tmp_path):
+    """bubblewrap off the PATH: GRPO through env=python refuses before any rank starts; env.sandbox=trusted runs,
+    and its header says that nothing isolates the code."""
+    env = rl_env(PATH=os.path.dirname(sys.executable))  # this Python, and no bwrap
+    args = ["train", "algo=grpo", "model.path=builtin:tiny", f"run.name={RUN}", *RL_SMALL, "train.max_steps=1",
+            "env=python", "env.instruction=", "env.max_turns=2", "env.timeout_s=2", *TINY]
+    refused = run_cli(tmp_path, *args, env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, explain(refused)
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith("rlft: error: env.sandbox=bwrap: bubblewrap (bwrap) is not on PATH; install bubblewrap")
+    assert "env.sandbox=trusted" in line and "[rlft] grpo ->" not in refused.stdout  # no rank started
+    assert not stage_dir(tmp_path, RUN, "grpo").exists()
+    trusted = ok(run_cli(tmp_path, *args, "env.sandbox=trusted", env=env))
+    assert "[rlft] sandbox: NONE (env.sandbox=trusted): the model's code runs as uid" in trusted.stdout
+    assert read_manifest(stage_dir(tmp_path, RUN, "grpo"))["completed"] is True
 
 
 def tiny_chat_model(root):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from helpers import Scripted
+from helpers import Scripted, require, sandbox_missing
 from rlft.algos import AGGREGATIONS, POLICY_LOSSES, AggDenominator, PolicyLossConfig
 from rlft.data.tokenizer import build_char_tokenizer
 from rlft.envs import Environment, Reply, Score, episodes
@@ -181,6 +181,7 @@ def test_a_single_turn_environment_is_one_engine_call(setup):
 
 
 def test_hostile_tool_code_is_that_steps_error_and_the_trajectory_goes_on():
+    require(sandbox_missing())
     from omegaconf import OmegaConf
 
     from rlft.config.schema import Config
@@ -189,12 +190,12 @@ def test_hostile_tool_code_is_that_steps_error_and_the_trajectory_goes_on():
     cfg = OmegaConf.structured(Config)
     cfg.env.name, cfg.env.timeout_s, cfg.env.cpu_s = "python", 15.0, 1  # the CPU limit first, even on a loaded machine
     tok = build_char_tokenizer()
-    turns = ["Let me try.\n```python\nwhile True: pass\n```", "\n```python\nimport os\nos.fork()\n```",
+    turns = ["Let me try.\n```python\nwhile True: pass\n```", "\n```python\nopen('/usr/x', 'w')\n```",
              "\n```python\nprint(6*7)\n```", "\n#### 42"]
     out = episodes.sample(Scripted(tok, turns), PythonEnv(cfg), [{"answer": "42"}], [[5, 6]], 1,
                           Sampling(3000, True), 0, tok, episodes.Limits(max_turns=4, max_env_tokens=2000))
     text = out.texts[0]
-    assert "[stopped: cpu time limit]" in text and "sandbox: os.fork is not allowed" in text
+    assert "[stopped: cpu time limit]" in text and "open('/usr/x', 'w')" in text and "[stopped: exit code 1]" in text
     assert "<output>\n42\n\n</output>" in text and text.endswith("#### 42")
     assert (out.turns[0], out.tool_calls[0], out.tool_errors[0], out.truncated[0]) == (4, 3, 2, False)
     assert PythonEnv(cfg).score({"answer": "42"}, text).correct
