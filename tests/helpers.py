@@ -37,15 +37,16 @@ TINY_MODEL = [a for a in TINY if not a.startswith("data.task.")]
 SMALL_BATCH = ["train.batch_size=8", "train.micro_batch_per_device=4", "train.log_every=1"]
 
 
-def require(missing: str | None) -> None:
-    """Skip a test whose prerequisite is missing (`missing` says what), except in CI (CI=true), where `make test`
-    installs every prerequisite and a skip would hide a test that never ran: there it fails."""
+def require(missing: str | None, module: bool = False) -> None:
+    """Skip a test (`module`: a whole test file, called at its top) whose prerequisite is missing (`missing` says
+    what), except in CI (CI=true), where `make test` installs every prerequisite and a skip would hide a test
+    that never ran: there it fails. The one skip guard of the suite."""
     import pytest
 
     if missing and os.environ.get("CI", "").lower() in ("true", "1", "yes"):
-        pytest.fail(f"CI runs this test, but: {missing}")
+        pytest.fail(f"CI runs this test, but: {missing}", pytrace=False)
     if missing:
-        pytest.skip(missing)
+        pytest.skip(missing, allow_module_level=module)
 
 
 def sandbox_missing() -> str | None:

@@ -364,8 +364,9 @@ class EnvConfig:
     """python: CPU-time limit of one code run."""
     memory_mb: int = 512
     """python: address-space limit of one code run."""
-    max_procs: int = 16
-    """python, env.sandbox=bwrap: most processes and threads of one code run at once (itself included)."""
+    max_procs: int = 8
+    """python, env.sandbox=bwrap: most processes and threads of one code run at once (itself included; each may have
+    env.memory_mb, so a run holds at most max_procs x memory_mb)."""
     disk_mb: int = 64
     """python, env.sandbox=bwrap: size of the private /tmp one code run writes in (its working directory)."""
     max_output_chars: int = 1000

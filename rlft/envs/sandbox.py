@@ -85,8 +85,8 @@ class Limits:
     timeout_s: float = 5.0
     cpu_s: int = 2
     memory_mb: int = 512
-    max_procs: int = 16
-    """Processes and threads the code may have at once, itself included (bwrap only)."""
+    max_procs: int = 8
+    """Processes and threads the code may have at once, itself included (bwrap only; each has memory_mb)."""
     max_file_mb: int = 16
     disk_mb: int = 64
     """Size of the private /tmp the code writes in (bwrap only; trusted writes to a host temp folder)."""
@@ -201,13 +201,19 @@ BWRAP_OPTIONS = ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-
 
 
 def bwrap_command(iso: Isolation, limits: Limits, code_fd: int) -> list[str]:
-    env = {"HOME": WORKDIR, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-    setenv = [a for k, v in env.items() for a in ("--setenv", k, v)]
+    setenv = [a for k, v in code_environment(WORKDIR).items() for a in ("--setenv", k, v)]
     size = ["--size", str(limits.disk_mb * 2 ** 20), "--perms", "1777"]
     return (["bwrap", *BWRAP_OPTIONS, *iso.mounts, *size, "--tmpfs", WORKDIR, *size, "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--remount-ro", "/", "--file", str(code_fd), f"{WORKDIR}/main.py",
              "--chdir", WORKDIR, *setenv]
             + interpreter_command(iso.python, limits, procs=limits.max_procs + 1))  # + 1: bwrap's init
+
+
+def code_environment(home: str) -> dict[str, str]:
+    """All the environment the code gets; numeric libraries on one thread (a thread counts as a process, and
+    several runs go at once)."""
+    return {"HOME": home, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def interpreter_command(python: str, limits: Limits, procs: int) -> list[str]:
@@ -270,8 +276,8 @@ def _run_trusted(code: str, limits: Limits, iso: Isolation, tic: float) -> Resul
     try:
         with open(os.path.join(workdir, "main.py"), "w") as f:
             f.write(code)
-        env = {"HOME": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        proc = subprocess.Popen(interpreter_command(iso.python, limits, procs=-1), cwd=workdir, env=env,
+        proc = subprocess.Popen(interpreter_command(iso.python, limits, procs=-1), cwd=workdir,
+                                env=code_environment(workdir),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:

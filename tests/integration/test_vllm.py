@@ -8,20 +8,15 @@ use one head of 32 or two of 32. Where vllm is not installed the tests skip, exc
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from helpers import (RL_SMALL, TINY, USER_REWARD, check_ok, load_safetensors, read_metrics, rl_env, run_cli,
-                     run_cli_retrying_abort, stage_dir)
+from helpers import (RL_SMALL, TINY, USER_REWARD, check_ok, load_safetensors, read_metrics, require, rl_env,
+                     run_cli, run_cli_retrying_abort, stage_dir)
 
 from rlft.rollout.generate import Sampling, vllm_available
 
-REASON = vllm_available()
-if REASON and os.environ.get("CI") == "true":
-    raise RuntimeError(f"CI runs the vLLM tests: {REASON}")
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+require(vllm_available(), module=True)
 
 # TINY with one head of 32
 TINY32 = [a for a in TINY if not a.startswith(("model.hidden_size", "model.num_heads"))] + \

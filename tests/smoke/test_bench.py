@@ -11,16 +11,10 @@ from helpers import REPO, cli_env
 
 
 def test_bench_runs_the_vllm_engine_with_fixed_lengths(tmp_path):
-    import os
-
-    import pytest
-
+    from helpers import require
     from rlft.rollout.generate import vllm_available
 
-    reason = vllm_available()
-    assert not (reason and os.environ.get("CI") == "true"), reason  # CI installs vllm (make test)
-    if reason:
-        pytest.skip(reason)
+    require(vllm_available())  # make test installs vllm
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--device=cpu", "--threads=1", "--prompts=2",
            "--samples=2", "--prompt-tokens=8", "--new-tokens=6", "--steps=1", "--warmup=1", "--engine=vllm",

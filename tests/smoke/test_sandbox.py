@@ -15,7 +15,6 @@ import hashlib
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -261,16 +260,21 @@ def digest(path: str) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
-def survivors(marker: str) -> list[int]:
-    """Host processes whose command line carries `marker`."""
-    found = []
-    for path in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            if marker.encode() in open(path, "rb").read():
-                found.append(int(path.split("/")[2]))
-        except OSError:
-            pass
-    return [pid for pid in found if pid != os.getpid()]
+def survivors(marker: str, wait_s: float = 2.0) -> list[int]:
+    """Host processes whose command line carries `marker`, after up to `wait_s` for them to go."""
+    deadline = time.time() + wait_s
+    while True:
+        found = []
+        for path in glob.glob("/proc/[0-9]*/cmdline"):
+            try:
+                if marker.encode() in open(path, "rb").read():
+                    found.append(int(path.split("/")[2]))
+            except OSError:
+                pass
+        found = [pid for pid in found if pid != os.getpid()]
+        if not found or time.time() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
@@ -298,11 +302,34 @@ def test_hostile_code_is_contained_and_reported(host, case):
     for server in (tcp, unix):
         with pytest.raises(BlockingIOError):
             server.accept()
-    deadline = time.time() + 2
-    while survivors(marker) and time.time() < deadline:
-        time.sleep(0.05)
     assert not survivors(marker), said
     # reported: the step's error and what the code printed
     assert (result.error is None) if error is None else (result.error or "").startswith(error), said
     assert any(text in result.output for text in ((shows,) if isinstance(shows, str) else shows)), said
     assert result.seconds < wall + 4, said
+
+
+def test_a_rollouts_hostile_tool_calls_are_each_that_steps_error_and_the_run_goes_on(host):
+    """Every case at once through env=python's steps, side by side as a rollout runs them: each trajectory gets
+    its tool message with the error, nothing escapes, and the tool still answers the next call."""
+    from omegaconf import OmegaConf
+
+    from rlft.config.schema import Config
+    from rlft.envs.python_tool import PythonEnv
+
+    facts, neighbour, _, _ = host
+    cfg = OmegaConf.structured(Config)
+    cfg.env.name, cfg.env.instruction, cfg.env.timeout_s, cfg.env.cpu_s = "python", "", 15.0, 1
+    env = PythonEnv(cfg)
+    marker = f"rlft-marker-{uuid.uuid4().hex}"
+    names = [name for name in HOSTILE if name != "sleeping"]
+    blocks = [f"```python\n{HOSTILE[name][0].format(marker=marker, **facts)}\n```" for name in names]
+    replies = env.steps([{}] * len(blocks), blocks)
+    for name, reply in zip(names, replies):
+        expected = HOSTILE[name][1]
+        assert reply.tool_call and reply.role == "tool" and SECRET not in reply.content, (name, reply.content)
+        assert (reply.error is None) if expected is None else reply.error.startswith(expected), (name, reply.error)
+        if expected:
+            assert f"[stopped: {reply.error}]" in reply.content
+    assert neighbour.poll() is None and not survivors(marker)
+    assert env.step({}, "```python\nprint(17 * 23)\n```").content == "391\n"

@@ -126,7 +126,7 @@ def test_reasoning_gym_says_when_its_task_settings_have_few_distinct_questions(c
                    test_size=10)
     train = envs.build(cfg).rows("train")
     out = capsys.readouterr().out
-    assert len(train) < 20 and f"of 40 training row(s)" in out and "widen env.task_config" in out
+    assert len(train) < 20 and "of 40 training row(s)" in out and "widen env.task_config" in out
 
 
 def test_reasoning_gym_tasks_mix_by_weight_with_their_own_options():
