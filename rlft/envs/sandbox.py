@@ -6,21 +6,23 @@ that runs the code. Two modes (`env.sandbox`):
 
 * `bwrap` (the default): bubblewrap puts each run in namespaces of its own. The code sees a
   read-only view of the system's /usr (and /bin, /lib, ...) and of the Python that runs it, a few
-  harmless /etc files, a private tmpfs at /tmp (its working directory and HOME, `disk_mb` in size),
-  its own /proc (no other process is visible), a minimal /dev, no network (an empty network
-  namespace: not even the host's loopback), and nothing else: not the trainer's files, home, data,
-  checkpoints or environment. It runs as uid 65534 with no capabilities and no_new_privs, cannot
-  make further user namespaces, and every process it starts dies with the run (the PID namespace
-  ends when the code does). Run by root, bubblewrap itself is started as `nobody`, so the code is an
-  unprivileged user on the host too and the process cap (RLIMIT_NPROC, counted per sandbox in its
-  own user namespace) binds; under any other user it runs as that user.
+  harmless /etc files, private tmpfs at /tmp (its working directory and HOME) and /dev/shm, each
+  `disk_mb` in size, its own /proc (no other process is visible), a minimal read-only /dev, no
+  network (a namespace with only its own loopback: not the host's), and nothing else: not the
+  trainer's files, home, data, checkpoints or environment. It runs as uid 65534 with no
+  capabilities and no_new_privs, cannot make further user namespaces, and every process it starts
+  dies with the run (the PID namespace ends when the code does). Run by root, bubblewrap itself is
+  started as `nobody`, so the code is an unprivileged user on the host too and the process cap
+  (RLIMIT_NPROC, counted per sandbox in its own user namespace) binds; under any other user it runs
+  as that user.
 * `trusted`: no isolation. The code runs as the trainer's user, with its files, processes and
   network; only the limits below apply. For code you trust, or a machine that is itself the sandbox.
 
 In both, the code runs in a fresh interpreter (`-I -B -u`: no user site, no PYTHON* variables, no
-bytecode written, output unbuffered) with an empty environment, under limits set before it starts and that it cannot
-raise: CPU seconds, address space, file size, open files, no core files (and, with bwrap, processes);
-plus a wall-clock limit and at most `max_read_bytes` of output read, after which everything is killed.
+bytecode written, output unbuffered) with an almost empty environment, under limits set before it
+starts and that it cannot raise: CPU seconds, address space, file size, open files, no core files
+(and, with bwrap, processes); plus a wall-clock limit and at most `max_read_bytes` of output read,
+after which everything is killed.
 
 What bwrap does not stop is in docs/environments.md ("The sandbox"): the kernel's own system-call
 surface (no seccomp filter), reading what is in the read-only view, and CPU or memory pressure on
@@ -120,9 +122,9 @@ class Isolation:
                     f"machine's files, processes and network; only CPU, memory, file-size, wall-clock and output "
                     f"limits apply; Python {self.python}")
         host = SANDBOX_UID if self.host_uid is not None else os.geteuid()
+        read_only = ", ".join(read_only_paths(self.mounts))
         return (f"sandbox: {self.version}: uid {SANDBOX_UID} (host uid {host}), no capabilities, own pid/mount/ipc/"
-                f"uts/user namespaces, no network, read-only {', '.join(read_only_paths(self.mounts))}, private {WORKDIR}; "
-                f"Python {self.python}")
+                f"uts/user namespaces, no network, read-only {read_only}, private {WORKDIR}; Python {self.python}")
 
 
 def check_mode(mode: str) -> str:

@@ -241,7 +241,7 @@ open('/proc/sys/vm/drop_caches', 'w').write('3')
     "file descriptors left open by the trainer": ("""
 import os
 fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))
-print('open', fds, [os.readlink(f'/proc/self/fd/{{fd}}') for fd in fds if fd > 2 and os.path.exists(f'/proc/self/fd/{{fd}}')])
+print('open', fds, [os.readlink(f'/proc/self/fd/{{fd}}') for fd in fds[3:] if os.path.exists(f'/proc/self/fd/{{fd}}')])
 for fd in fds[3:]:
     try:
         print(fd, os.pread(fd, 200, 0))
