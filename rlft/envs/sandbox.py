@@ -24,12 +24,14 @@ starts and that it cannot raise: CPU seconds, address space, file size, open fil
 (and, with bwrap, processes); plus a wall-clock limit and at most `max_read_bytes` of output read,
 after which everything is killed.
 
-What bwrap does not stop is in docs/environments.md ("The sandbox"): the kernel's own system-call
-surface (no seccomp filter), reading what is in the read-only view, and CPU or memory pressure on
-the host up to the limits.
+A seccomp filter (libseccomp, through pyseccomp) refuses the kernel interfaces DENIED_SYSCALLS lists.
+What bwrap does not stop is in docs/environments.md ("The sandbox"): the rest of the kernel's
+system-call surface, reading what is in the read-only view, and CPU or memory pressure on the host
+up to the limits.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
@@ -55,6 +57,16 @@ WORKDIR = "/tmp"
 """The code's working directory and HOME inside the sandbox: a private tmpfs of `disk_mb`."""
 FIND_BWRAP = "install bubblewrap (apt-get install bubblewrap, dnf install bubblewrap, pacman -S bubblewrap)"
 TRUSTED_HINT = "or set env.sandbox=trusted to run the model's code without isolation (only for code you trust)"
+
+DENIED_SYSCALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "bpf", "perf_event_open",
+                   "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev", "unshare",
+                   "setns", "mount", "umount2", "pivot_root", "chroot", "open_by_handle_at", "name_to_handle_at",
+                   "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "acct", "swapon",
+                   "swapoff", "reboot", "syslog")
+"""System calls the bwrap sandbox's seccomp filter refuses (EPERM), as container runtimes' default profiles do:
+large kernel interfaces that exploits lean on (io_uring, userfaultfd, bpf, perf events, keyrings) and calls a
+tool's code has no use for without privileges (tracing, namespaces, mounts, modules). Everything else is allowed;
+system calls of another ABI (32-bit on a 64-bit kernel) kill the process."""
 
 # Run in the sandbox's interpreter before the code: the limits (which the code cannot raise again), then
 # main.py, with a traceback of the code's own frames only (what a person running main.py would see).
@@ -115,6 +127,7 @@ class Isolation:
     mounts: tuple[str, ...]     # bwrap's filesystem arguments
     host_uid: int | None        # the uid bwrap is started as (None: the trainer's own)
     version: str = ""
+    seccomp: bytes | None = None  # the compiled filter bwrap loads (None: none could be built here)
 
     def describe(self) -> str:
         if self.mode == "trusted":
@@ -123,8 +136,31 @@ class Isolation:
                     f"limits apply; Python {self.python}")
         host = SANDBOX_UID if self.host_uid is not None else os.geteuid()
         read_only = ", ".join(read_only_paths(self.mounts))
+        seccomp = (f"seccomp refuses {len(DENIED_SYSCALLS)} system calls (io_uring, bpf, ptrace, ...)" if self.seccomp
+                   else f"no seccomp filter ({seccomp_filter()[1]})")
         return (f"sandbox: {self.version}: uid {SANDBOX_UID} (host uid {host}), no capabilities, own pid/mount/ipc/"
-                f"uts/user namespaces, no network, read-only {read_only}, private {WORKDIR}; Python {self.python}")
+                f"uts/user namespaces, no network, read-only {read_only}, private {WORKDIR}, {seccomp}; "
+                f"Python {self.python}")
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_filter() -> tuple[bytes | None, str]:
+    """The seccomp filter refusing DENIED_SYSCALLS, compiled by libseccomp for this machine's architecture, or
+    (None, why) where libseccomp cannot be loaded (the header then says that no filter is in force)."""
+    try:
+        import pyseccomp
+    except (ImportError, RuntimeError, OSError) as exc:
+        return None, f"libseccomp: {exc}"
+    rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            rules.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+        except OSError:  # a system call this architecture does not have
+            pass
+    with tempfile.TemporaryFile() as f:
+        rules.export_bpf(f)
+        f.seek(0)
+        return f.read(), ""
 
 
 def check_mode(mode: str) -> str:
@@ -202,12 +238,13 @@ BWRAP_OPTIONS = ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-
                  "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--clearenv")
 
 
-def bwrap_command(iso: Isolation, limits: Limits, code_fd: int) -> list[str]:
+def bwrap_command(iso: Isolation, limits: Limits, code_fd: int, seccomp_fd: int | None) -> list[str]:
     setenv = [a for k, v in code_environment(WORKDIR).items() for a in ("--setenv", k, v)]
+    seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     size = ["--size", str(limits.disk_mb * 2 ** 20), "--perms", "1777"]
     return (["bwrap", *BWRAP_OPTIONS, *iso.mounts, *size, "--tmpfs", WORKDIR, *size, "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--remount-ro", "/", "--file", str(code_fd), f"{WORKDIR}/main.py",
-             "--chdir", WORKDIR, *setenv]
+             *seccomp, "--chdir", WORKDIR, *setenv]
             + interpreter_command(iso.python, limits, procs=limits.max_procs + 1))  # + 1: bwrap's init
 
 
@@ -236,7 +273,8 @@ def isolation(mode: str = "bwrap") -> Isolation:
     as_nobody = os.geteuid() == 0
     python, prefixes = choose_python(as_nobody)
     version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout.strip() or "bwrap"
-    iso = Isolation("bwrap", python, bwrap_mounts(prefixes), SANDBOX_UID if as_nobody else None, version)
+    iso = Isolation("bwrap", python, bwrap_mounts(prefixes), SANDBOX_UID if as_nobody else None, version,
+                    seccomp_filter()[0])
     probe = run("import os; print(os.getuid())", Limits(timeout_s=30), iso=iso)
     if probe.error or probe.output.strip() != str(SANDBOX_UID):
         said = " ".join(probe.output.split())[:300] or probe.error
@@ -260,17 +298,26 @@ def run(code: str, limits: Limits, mode: str = "bwrap", iso: Isolation | None = 
     tic = time.time()
     if iso.mode == "trusted":
         return _run_trusted(code, limits, iso, tic)
-    code_fd = os.memfd_create("main.py")
+    code_fd = memory_file("main.py", code.encode("utf-8", "surrogateescape"))
+    seccomp_fd = memory_file("seccomp", iso.seccomp) if iso.seccomp else None
+    fds = tuple(fd for fd in (code_fd, seccomp_fd) if fd is not None)
     try:
-        os.write(code_fd, code.encode("utf-8", "surrogateescape"))
-        os.lseek(code_fd, 0, os.SEEK_SET)
         drop = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []} if iso.host_uid is not None else {}
-        proc = subprocess.Popen(bwrap_command(iso, limits, code_fd), env={}, cwd="/", stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(code_fd,),
-                                start_new_session=True, **drop)
+        proc = subprocess.Popen(bwrap_command(iso, limits, code_fd, seccomp_fd), env={}, cwd="/",
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                pass_fds=fds, start_new_session=True, **drop)
     finally:
-        os.close(code_fd)
+        for fd in fds:
+            os.close(fd)
     return _finish(proc, limits, tic, signal_base=128)  # bwrap exits 128 + N when the code died of signal N
+
+
+def memory_file(name: str, data: bytes) -> int:
+    """A file descriptor of an anonymous in-memory file holding `data`, read from its start (bwrap copies it)."""
+    fd = os.memfd_create(name)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _run_trusted(code: str, limits: Limits, iso: Isolation, tic: float) -> Result:

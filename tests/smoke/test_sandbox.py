@@ -238,6 +238,19 @@ for path in ('/proc/sys/kernel/hostname', '/proc/sysrq-trigger', '/dev/mem', '/d
         print(path, type(err).__name__)
 open('/proc/sys/vm/drop_caches', 'w').write('3')
 """, "exit code 1", ("Read-only file system", "Permission denied")),
+    "kernel interfaces that exploits lean on": ("""
+import ctypes, errno, platform
+libc = ctypes.CDLL(None, use_errno=True)
+numbers = {{'x86_64': {{'io_uring_setup': 425, 'userfaultfd': 323, 'bpf': 321, 'perf_event_open': 298, 'keyctl': 250}},
+           'aarch64': {{'io_uring_setup': 425, 'userfaultfd': 282, 'bpf': 280, 'perf_event_open': 241, 'keyctl': 219}}}}
+results = {{}}
+for name, number in numbers.get(platform.machine(), {{'io_uring_setup': 425}}).items():
+    results[name] = (libc.syscall(number, 0, 0, 0, 0, 0), errno.errorcode.get(ctypes.get_errno()))
+print(results)
+if any(code != 'EPERM' for _, code in results.values()):  # reached the kernel's implementation
+    print('ESCAPED')
+raise OSError(ctypes.get_errno(), 'refused')
+""", "exit code 1", "EPERM"),
     "file descriptors left open by the trainer": ("""
 import os
 fds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))
@@ -280,6 +293,8 @@ def survivors(marker: str, wait_s: float = 2.0) -> list[int]:
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_hostile_code_is_contained_and_reported(host, case):
     facts, neighbour, tcp, unix = host
+    if case == "kernel interfaces that exploits lean on":
+        require(sandbox.seccomp_filter()[1] or None)  # libseccomp (pyseccomp, a dependency) builds the filter
     marker = f"rlft-marker-{uuid.uuid4().hex}"
     template, error, shows = HOSTILE[case]
     code = template.format(marker=marker, **facts)

@@ -231,6 +231,19 @@ def test_an_unknown_or_unavailable_sandbox_is_one_line_naming_the_fix(monkeypatc
         sandbox.isolation.cache_clear()
 
 
+def test_without_libseccomp_the_header_says_no_filter_is_in_force(monkeypatch):
+    require(sandbox_missing())
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # its import fails, as where libseccomp is missing
+    for cached in (sandbox.seccomp_filter, sandbox.isolation):
+        cached.cache_clear()
+    try:
+        assert "no seccomp filter (libseccomp: " in sandbox.describe()
+        assert sandbox.run("print(1)", sandbox.Limits()).output == "1\n"
+    finally:
+        for cached in (sandbox.seccomp_filter, sandbox.isolation):
+            cached.cache_clear()
+
+
 def test_the_trusted_mode_says_so_and_runs_the_code_as_the_trainers_user():
     env = PythonEnv(cfg_with(name="python", sandbox="trusted", instruction=""))
     assert env.describe().startswith("sandbox: NONE (env.sandbox=trusted)")
