@@ -363,12 +363,13 @@ class EnvConfig:
     cpu_s: int = 2
     """python: CPU-time limit of one code run."""
     memory_mb: int = 512
-    """python: address-space limit of one code run."""
+    """python: address-space limit of each process of one code run."""
     max_procs: int = 8
     """python, env.sandbox=bwrap: most processes and threads of one code run at once (itself included; each may have
     env.memory_mb, so a run holds at most max_procs x memory_mb)."""
     disk_mb: int = 64
-    """python, env.sandbox=bwrap: size of the private /tmp one code run writes in (its working directory)."""
+    """python, env.sandbox=bwrap: size of each of the private /tmp (the working directory) and /dev/shm one code run
+    writes in."""
     max_output_chars: int = 1000
     """python: longest tool output returned to the model (longer output is cut, and says so)."""
     options: dict = field(default_factory=dict)
