@@ -282,7 +282,8 @@ def isolation(mode: str = "bwrap") -> Isolation:
             f"env.sandbox=bwrap: bubblewrap could not start the sandbox ({said}); it needs unprivileged user "
             f"namespaces (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; on Ubuntu "
             f"24.04 and later also kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for "
-            f"bwrap), {TRUSTED_HINT}")
+            f"bwrap; in a Docker container, whose default seccomp profile refuses them, docker run --security-opt "
+            f"seccomp=unconfined), {TRUSTED_HINT}")
     return iso
 
 

@@ -231,6 +231,21 @@ def test_an_unknown_or_unavailable_sandbox_is_one_line_naming_the_fix(monkeypatc
         sandbox.isolation.cache_clear()
 
 
+def test_a_sandbox_bubblewrap_cannot_start_is_one_line_with_bwraps_reason(monkeypatch):
+    require(sandbox_missing())
+    said = "bwrap: setting up uid map: Permission denied"
+    monkeypatch.setattr(sandbox, "run", lambda *a, **k: sandbox.Result(said + "\n", 1, "exit code 1", 0.01))
+    sandbox.isolation.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable) as err:
+            sandbox.describe()
+    finally:
+        sandbox.isolation.cache_clear()
+    message = str(err.value)
+    assert message.startswith(f"env.sandbox=bwrap: bubblewrap could not start the sandbox ({said}); it needs unprivileged")
+    assert "seccomp=unconfined" in message and "env.sandbox=trusted" in message and "\n" not in message
+
+
 def test_without_libseccomp_the_header_says_no_filter_is_in_force(monkeypatch):
     require(sandbox_missing())
     monkeypatch.setitem(sys.modules, "pyseccomp", None)  # its import fails, as where libseccomp is missing
