@@ -196,7 +196,7 @@ def others_can_run(path: str) -> bool:
 def python_candidates() -> list[tuple[str, tuple[str, ...]]]:
     """Interpreters the code may run in, with the folders each needs: this Python first (its installation
     and, in a virtual environment, the environment's packages), then the system's."""
-    own = (os.path.realpath(sys.executable),
+    own = (sys.executable,  # not resolved: a virtual environment is found from the path its python is run by
            tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix))))
     system = [(os.path.realpath(p), ("/usr",)) for p in ("/usr/bin/python3", "/usr/local/bin/python3")
               if os.path.exists(p)]
@@ -208,7 +208,7 @@ def choose_python(as_nobody: bool) -> tuple[str, tuple[str, ...]]:
     e.g. /root); a one-line refusal when none."""
     candidates = python_candidates()
     for python, prefixes in candidates:
-        if not as_nobody or (others_can_run(python) and all(others_can_run(p) or p == "/usr" for p in prefixes)):
+        if not as_nobody or (others_can_run(python) and all(others_can_run(p) for p in prefixes)):
             return python, prefixes
     raise SandboxUnavailable(
         f"env.sandbox=bwrap: the sandbox runs the model's code as the unprivileged user nobody, who cannot reach "
@@ -267,7 +267,7 @@ def isolation(mode: str = "bwrap") -> Isolation:
     when it cannot be had (bwrap missing, user namespaces disabled, no Python the sandbox's user can run)."""
     check_mode(mode)
     if mode == "trusted":
-        return Isolation("trusted", os.path.realpath(sys.executable), (), None)
+        return Isolation("trusted", sys.executable, (), None)
     if not shutil.which("bwrap"):
         raise SandboxUnavailable(f"env.sandbox=bwrap: bubblewrap (bwrap) is not on PATH; {FIND_BWRAP}, {TRUSTED_HINT}")
     as_nobody = os.geteuid() == 0
