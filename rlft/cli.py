@@ -53,18 +53,32 @@ def fail(message: str, code: int = 2) -> None:
 
 def _train_job(cfg) -> float | None:
     """One training job; returns run.objective from its summary (what a search sweeper optimises)."""
+    from rlft.config.defaults import header_lines
     from rlft.config.validate import validate
     from rlft.files import handoff
+    from rlft.files.checkpoints import recorded_config
     from rlft.launch import job_dir, launch_train
     from rlft.sweep import objective_value
 
     try:
-        validate(cfg)
-        launch_train(cfg)
+        overrides, choices = hydra_choices()
+        filled = validate(cfg, recorded_config(job_dir(cfg)) if cfg.resume else None)
+        launch_train(cfg, header_lines(cfg, overrides, choices, filled))
     except USER_ERRORS as exc:
         fail(str(exc))
     manifest = handoff.read_manifest(job_dir(cfg)) or {}
     return objective_value(manifest.get("summary") or {}, cfg.run.objective)
+
+
+def hydra_choices() -> tuple[list[str], dict]:
+    """This job's command-line overrides and the config-group options Hydra chose (empty outside Hydra)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        hydra_cfg = HydraConfig.get()
+    except ValueError:
+        return [], {}
+    return list(hydra_cfg.overrides.task), {str(k): str(v) for k, v in hydra_cfg.runtime.choices.items()}
 
 
 def _eval_job(cfg) -> None:

@@ -121,25 +121,29 @@ def quiet_environment() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
 
 
-def launch_train(cfg) -> None:
+def launch_train(cfg, header: list[str] | tuple = ()) -> None:
+    """Train one stage. `header`: lines for the run header (where the rates and sizes came from)."""
     cfg = resolved(cfg)
     quiet_environment()
     preflight(cfg)
     run_dir = Path(cfg.run.dir)
     if cfg.deepspeed.node_rank != 0:  # node 0's driver holds the stage's lock
-        run_ranks(cfg, run_dir)
+        run_ranks(cfg, run_dir, header)
         return
     with rundir.stage_lock(run_dir):
         rundir.check_not_completed(run_dir, cfg.resume, cfg.overwrite)
         for path in rundir.remove_temporaries(run_dir):
             print(f"[rlft] removed {path}, left by an interrupted writer", flush=True)
         write_config(cfg, run_dir / "config.yaml")
-        run_ranks(cfg, run_dir)
+        run_ranks(cfg, run_dir, header)
 
 
-def run_ranks(cfg, run_dir: Path) -> None:
+def run_ranks(cfg, run_dir: Path, header: list[str] | tuple = ()) -> None:
     ds_opts, train = cfg.deepspeed, cfg.train
-    print(f"[rlft] {cfg.algo.name} -> {run_dir}\n[rlft] {batch_arithmetic(cfg)}", flush=True)
+    print(f"[rlft] {cfg.algo.name} -> {run_dir}", flush=True)
+    for line in header:
+        print(f"[rlft] {line}", flush=True)
+    print(f"[rlft] {batch_arithmetic(cfg)}", flush=True)
     if train.packing and cfg.model.attn_implementation not in ("flash_attention_2", "flash_attention_3"):
         print(f"[rlft] note: train.packing with model.attn_implementation={cfg.model.attn_implementation} attends over "
               "each whole packed row under a block-diagonal mask, which costs more than it saves on short sequences; "

@@ -123,6 +123,10 @@ def _check_path(section: str, schema: type, parts: list[str], full_key: str, lab
         raise ConfigError(f"unknown config key '{full_key}'{_suggest(name, names)}; "
                           f"valid keys in {label}: {', '.join(names)}")
     hint = hints[name]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union and len(args) == 2 and type(None) in args:  # Optional[X]: X or null
+        hint = next(a for a in args if a is not type(None))
+        values = [v for v in values if v not in ("null", "None")]
     if not rest and hint in (int, float, bool):
         for value in values:
             if not _parses(value, hint):

@@ -140,8 +140,8 @@ class CriticConfig:
     READ_WHEN: ClassVar[str] = "critic"
     init: str = "stage:rm"
     """The model the value head starts from (stage:rm, stage:sft, a directory)."""
-    lr: float = 1.0e-4
-    """Critic learning rate."""
+    lr: Optional[float] = None
+    """Critic learning rate (null: the defaults table)."""
     value_clip: float = 0.2
     """Value clipping range around the rollout values."""
     gamma: float = 1.0
@@ -178,8 +178,8 @@ class IterativeConfig:
     """Share of the reward model's earlier training data in its retraining mix."""
     rm_steps: int = read_when("iterative", 40)
     """Reward-model optimizer steps after each iteration."""
-    rm_lr: float = read_when("iterative", 2.0e-4)
-    """Reward-model learning rate."""
+    rm_lr: Optional[float] = read_when("iterative", None)
+    """Reward-model learning rate (null: the defaults table)."""
     reset_reference: bool = read_when("iterative", True)
     """After each iteration the KL reference becomes the current policy (DeepSeekMath's Algorithm 1);
     false keeps the starting model as the reference throughout."""

@@ -52,12 +52,10 @@ def steps_for_budget(cfg, max_samples: int) -> int:
     return rollouts * algo.updates_per_rollout * algo.minibatches_per_rollout
 
 
-SUPERVISED_BATCH = 32  # train.batch_size of a supervised stage that sets none
-
-
 def derive(cfg) -> None:
     """Fill values that follow from others: an RL optimizer step's batch is its rollout share; a sample
-    budget (train.max_samples) sets train.max_steps."""
+    budget (train.max_samples) sets train.max_steps. (Rates and sizes the config leaves null were filled by
+    the defaults table first: rlft/config/defaults.py.)"""
     if algo_spec(cfg.algo).rl:
         algo, rollout = cfg.algo, cfg.rollout
         rollout_size = rollout.prompts_per_step * rollout.samples_per_prompt
@@ -70,8 +68,6 @@ def derive(cfg) -> None:
                               f"the rollout, rollout.prompts_per_step x rollout.samples_per_prompt / "
                               f"algo.minibatches_per_rollout = {batch} sequences; set those instead")
         cfg.train.batch_size = batch
-    elif cfg.train.batch_size is None:
-        cfg.train.batch_size = SUPERVISED_BATCH
     if cfg.train.max_samples < 0:
         raise ConfigError(f"train.max_samples={cfg.train.max_samples} must be >= 0 (0: train.max_steps decides)")
     if cfg.train.max_samples:

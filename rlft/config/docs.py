@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Optional
 
 from rlft.config.algorithms import ALGO_SCHEMAS
+from rlft.config.defaults import TABLE_KEYS
 from rlft.config.schema import SECTIONS, Config
 
 
@@ -52,6 +53,8 @@ def describe_keys(section: Optional[str] = None, algo_name: str = "sft") -> list
                 walk(f"{prefix}.{sub.name}", type(value))
             else:
                 shown = repr(value.value) if isinstance(value, Enum) else repr(value)
+                if value is None and f"{prefix}.{sub.name}" in TABLE_KEYS:
+                    shown = "(table)"  # filled by the defaults table (rlft/config/defaults.py)
                 rows.append((f"{prefix}.{sub.name}", shown, docs.get(sub.name, "")))
 
     for f in dataclasses.fields(Config):

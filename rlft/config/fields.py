@@ -34,6 +34,7 @@ RewardSource = choices("RewardSource", "data policy")
 StepLabels = choices("StepLabels", "exact mc")
 StepScorer = choices("StepScorer", "prm exact")
 KLAt = choices("KLAt", "old current")
+ModelKind = choices("ModelKind", "auto builtin pretrained")
 SpecialTokensInText = choices("SpecialTokensInText", "literal parse")
 
 

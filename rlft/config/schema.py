@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlft.config.algorithms import ALGO_SCHEMAS, CriticConfig, IterativeConfig, PairwiseConfig
-from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, NonFinite, NonFinitePolicy, Precision,
+from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, ModelKind, NonFinite, NonFinitePolicy, Precision,
                                 SpecialTokensInText, StepScorer, TruncationPolicy, WandbMode, read_when)
 from rlft.data.synthetic import TaskSpec
 
@@ -29,32 +29,37 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 200
-    """Optimizer steps to take (gradient-accumulation micro-steps not counted)."""
+    max_steps: Optional[int] = None
+    """Optimizer steps to take (gradient-accumulation micro-steps not counted). Null: the defaults table
+    (rlft/config/defaults.py: by model kind and stage; the run header says where each value came from)."""
     max_samples: int = 0
     """A budget in training samples instead of steps (0: off): RL and online loops count sampled completions,
     supervised stages the sequences trained on (a preference pair is two). When set it decides max_steps:
     the fewest steps (whole rollouts, whole iterations) that reach it. Every stage logs `samples_seen`."""
     batch_size: Optional[int] = None
     """Global batch: sequences (or pairs, for reward models) per optimizer step, all ranks together. Supervised
-    stages: 32 unless set. RL: derived from the rollout (its share per optimizer step); leave it unset."""
-    micro_batch_per_device: int = 8
-    """Sequences per forward/backward on one rank; accumulation = batch_size / (micro x ranks)."""
+    stages: the defaults table unless set. RL: derived from the rollout (its share per optimizer step); leave it
+    unset."""
+    micro_batch_per_device: Optional[int] = None
+    """Sequences per forward/backward on one rank; accumulation = batch_size / (micro x ranks). Null: the
+    defaults table, lowered where needed to divide the step's batch (the header says so)."""
     max_tokens_per_micro_batch: int = 0
     """When > 0, training and scoring forwards are formed by tokens instead of micro_batch_per_device: each
     rank groups its sequences, longest first, into forwards of at most this many tokens (real tokens with
     train.packing, else sequences x the longest); ranks run the same number of forwards. The losses keep their
     whole-step normalisation, so the update is the same (rlft/microbatch.py)."""
-    lr: float = 1e-3
-    """Peak learning rate."""
-    lr_schedule: LRSchedule = LRSchedule.cosine
-    """Learning-rate schedule after warm-up: cosine | linear | constant."""
-    warmup_steps: int = 10
-    """Optimizer steps of linear warm-up from min_lr_ratio x lr to lr (transformers' warmup-stable-decay)."""
+    lr: Optional[float] = None
+    """Peak learning rate. Null: the defaults table, by model kind (the built-in model; a pretrained one, full
+    fine-tuning or LoRA) and stage; the run header prints the value and its source."""
+    lr_schedule: Optional[LRSchedule] = None
+    """Learning-rate schedule after warm-up: cosine | linear | constant (null: the defaults table)."""
+    warmup_steps: Optional[int] = None
+    """Optimizer steps of linear warm-up from min_lr_ratio x lr to lr (transformers' warmup-stable-decay; null:
+    the defaults table)."""
     min_lr_ratio: float = 0.1
     """Final learning rate of the cosine and linear decays, and the warm-up's first, as a fraction of `lr`."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
+    weight_decay: Optional[float] = None
+    """AdamW weight decay (null: the defaults table)."""
     adam_beta1: float = 0.9
     """AdamW beta1."""
     adam_beta2: float = 0.95
@@ -67,10 +72,11 @@ class TrainConfig:
     """Padding-free training forwards: each micro-batch's sequences in one row, positions restarting per
     sequence so attention stays within each (transformers' packed-sequence support); the LM head runs only on
     tokens that carry loss. SFT, DPO and the RL scoring and update passes (docs/performance.md)."""
-    log_every: int = 10
-    """Log metrics every this many optimizer steps."""
-    save_every: int = 100
-    """Write a resumable checkpoint every this many optimizer steps (0: only at the end)."""
+    log_every: Optional[int] = None
+    """Log metrics every this many optimizer steps (null: the defaults table)."""
+    save_every: Optional[int] = None
+    """Write a resumable checkpoint every this many optimizer steps (0: only at the end; null: the defaults
+    table)."""
     keep_checkpoints: int = 2
     """Resumable checkpoints kept on disk (oldest removed first)."""
     on_nonfinite: NonFinite = NonFinite.stop
@@ -144,8 +150,8 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
-    prompts_per_step: int = 16
-    """RL: prompts per rollout, all ranks together."""
+    prompts_per_step: Optional[int] = None
+    """RL: prompts per rollout, all ranks together (null: the defaults table)."""
     samples_per_prompt: int = 8
     """Completions per prompt (RL: the group size G, at least 2 for group-relative advantages; offline RFT:
     samples per training prompt)."""
@@ -156,8 +162,8 @@ class RolloutConfig:
     engine: str = "auto"
     """Sampling engine: hf (transformers generate) | vllm (colocated vLLM) | auto (vllm on a GPU where it
     is installed, else hf)."""
-    max_new_tokens: int = 96
-    """Longest sampled completion in tokens."""
+    max_new_tokens: Optional[int] = None
+    """Longest sampled completion in tokens (null: the defaults table)."""
     temperature: float = 1.0
     """Sampling temperature (the trainer's log-probs use the same temperature)."""
     top_p: float = 1.0
@@ -218,6 +224,11 @@ class ModelConfig:
     default input."""
     tokenizer: Optional[str] = None
     """Tokenizer location when it differs from `path` (`builtin:char` for the built-in one)."""
+    kind: ModelKind = ModelKind.auto
+    """Which column of the defaults table sizes the run (learning rate, batch, steps; rlft/config/defaults.py):
+    builtin (the sizes each preset was tuned at on the built-in task) | pretrained (a practitioner's rates for a
+    pretrained model; LoRA: 10x the rate) | auto (builtin for builtin:tiny and the stages trained from it, else
+    pretrained). model=hf sets pretrained."""
     hidden_size: int = 128
     """Built-in tiny model only: hidden width."""
     intermediate_size: int = 256
@@ -463,3 +474,20 @@ def register_schemas() -> None:
     cs.store(name="rlft_schema", node=Config)
     for name, schema in ALGO_SCHEMAS.items():
         cs.store(group="algo_schema", name=name, node=schema)
+
+
+def schema_default(key: str, algo_kind: str) -> Any:
+    """The schema's default of a dotted key (the `algo` section: that training loop's schema), or None."""
+    import dataclasses
+    from enum import Enum
+
+    section, *rest = key.split(".")
+    node: Any = ALGO_SCHEMAS[algo_kind]() if section == "algo" and algo_kind in ALGO_SCHEMAS else \
+        (SECTIONS[section]() if dataclasses.is_dataclass(SECTIONS.get(section)) else None)
+    for part in rest:
+        if node is None or not hasattr(node, part):
+            return None
+        node = getattr(node, part)
+    if dataclasses.is_dataclass(node):
+        return None
+    return node.value if isinstance(node, Enum) else node

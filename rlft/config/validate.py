@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from rlft.config.algorithms import algo_spec
 from rlft.config.arithmetic import derive, trains_critic
+from rlft.config.defaults import fill
 from rlft.config.fields import read_rule
 from rlft.config.schema import SECTIONS
 from rlft.errors import ConfigError
@@ -20,10 +21,13 @@ def _check_choice(key: str, value: Any, choices: list) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
 
 
-def validate(cfg) -> None:
-    """Check values that types alone cannot; raise ConfigError with a one-line fix. (Fixed string
-    choices are `Choice` enums, which OmegaConf checks when the config is composed.)"""
+def validate(cfg, recorded: Optional[dict] = None) -> dict[str, str]:
+    """Fill what the config leaves to the defaults table (from `recorded`, a resumed checkpoint's config, where
+    it has the key) and what follows from other values, then check values that types alone cannot; raise
+    ConfigError with a one-line fix. Returns where each table-filled value came from. (Fixed string choices
+    are `Choice` enums, which OmegaConf checks when the config is composed.)"""
     validate_run(cfg.run)
+    filled = fill(cfg, recorded, unread=lambda key: is_unread(cfg, key))
     derive(cfg)
     train, ds_opts = cfg.train, cfg.deepspeed
     if algo_spec(cfg.algo).rl:
@@ -68,6 +72,7 @@ def validate(cfg) -> None:
     bad_k = [k for k in cfg.eval.k if k > cfg.eval.samples or k < 1]
     if bad_k:
         raise ConfigError(f"eval.k={list(cfg.eval.k)} has values outside [1, eval.samples={cfg.eval.samples}]")
+    return filled
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=,+@-]*")
@@ -242,6 +247,15 @@ def unread_options(section_name: str, section, schema: type, cfg) -> Iterator[tu
         why = READ_RULES[rule](cfg, f.name)
         if why:
             yield f"{section_name}.{f.name}={value}", why
+
+
+def is_unread(cfg, key: str) -> bool:
+    """Whether this run never reads a dotted `section.option` key (its declared `read_when` rule)."""
+    section, name = key.split(".")
+    schema = algo_spec(cfg.algo).schema if section == "algo" else SECTIONS[section]
+    field = next(f for f in dataclasses.fields(schema) if f.name == name)
+    rule = read_rule(schema, field)
+    return bool(rule and READ_RULES[rule](cfg, name))
 
 
 def check_unused_options(cfg) -> None:

@@ -95,6 +95,16 @@ def saved_config(path: Path) -> dict | None:
     return json.loads(saved.read_text()) if saved.is_file() else None
 
 
+def recorded_config(stage_dir: Path) -> dict | None:
+    """The config the newest readable checkpoint of a stage was trained with (what a resume continues), or None."""
+    for path in reversed(list_checkpoints(Path(stage_dir) / "checkpoints")):
+        try:
+            return saved_config(path)
+        except (OSError, ValueError):  # a damaged checkpoint: resume skips it too
+            continue
+    return None
+
+
 # Keys that do not change what is trained: free to differ on resume (max_steps may grow to extend a run).
 RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.max_samples",
                "train.log_every", "train.save_every",
@@ -113,12 +123,28 @@ def flatten(tree, prefix: str = "") -> dict:
     return {prefix[:-1]: tree}
 
 
-def config_changes(saved: dict, now: dict, allowed: tuple) -> list[str]:
-    """`key: old -> new` for every key that differs and is not under an allowed prefix."""
+ABSENT = object()
+
+
+def config_changes(saved: dict, now: dict, allowed: tuple, same=lambda key, old, new: False) -> list[str]:
+    """`key: old -> new` for every key that differs and is not under an allowed prefix, unless `same(key, old,
+    new)` says the difference changes nothing (old is ABSENT for a key the saved config lacks)."""
     before, after = flatten(saved), flatten(now)
     free = lambda key: any(key == a or key.startswith(a + ".") for a in allowed)  # noqa: E731
     return [f"{k}: {before.get(k, '(absent)')} -> {after.get(k, '(absent)')}"
-            for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k) and not free(k)]
+            for k in sorted(set(before) | set(after))
+            if before.get(k) != after.get(k) and not free(k) and not same(k, before.get(k, ABSENT), after.get(k))]
+
+
+def unchanged_in_effect(key: str, old, new, algo_kind: str) -> bool:
+    """Differences a resume may ignore: a key added to rlft since the checkpoint, at its schema default, and a
+    defaults-table key this run never reads (null now, rlft/config/defaults.py) that an older rlft recorded."""
+    from rlft.config.defaults import TABLE_KEYS
+    from rlft.config.schema import schema_default
+
+    if old is ABSENT:
+        return new == schema_default(key, algo_kind)
+    return new is None and key in TABLE_KEYS
 
 
 def check_resume_config(saved: dict | None, cfg, path: Path) -> None:
@@ -131,7 +157,8 @@ def check_resume_config(saved: dict | None, cfg, path: Path) -> None:
         return
     now = OmegaConf.to_container(cfg, resolve=True)
     saved = {RENAMED_SECTIONS.get(key, key): value for key, value in saved.items()}
-    changed = config_changes(saved, now, RESUME_FREE)
+    kind = str(getattr(cfg.algo, "kind", ""))
+    changed = config_changes(saved, now, RESUME_FREE, lambda k, old, new: unchanged_in_effect(k, old, new, kind))
     accepted = [c for c in changed if any(c.split(":")[0] == a or c.startswith(a + ".")
                                           for a in map(str, cfg.resume_allow_changes))]
     refused = [c for c in changed if c not in accepted]

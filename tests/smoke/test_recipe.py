@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import torch
+from omegaconf import OmegaConf
 
 from helpers import USER_REWARD, check_ok, load_safetensors, read_manifest, rl_env, run_cli, stage_dir
 
@@ -76,3 +77,22 @@ def test_recipe_sft_then_grpo_then_eval_on_a_tiny_qwen2(tmp_path):
                      "eval.policy_samples=2"))
     table = (tmp_path / "runs" / "qwen" / "eval" / "comparison.md").read_text()
     assert "| sft |" in table and "| grpo |" in table
+
+
+def test_a_pretrained_model_without_a_recipe_gets_the_tables_pretrained_rates(tmp_path):
+    """README's 'Your model' path: `algo=sft model=hf model.path=X`, then `algo=grpo` (LoRA) from it, with no
+    experiment=; the header prints each rate and size with where it came from."""
+    data, model = gsm8k_dir(tmp_path / "gsm8k"), tiny_qwen2(tmp_path / "tiny-qwen2")
+    run = ["run.name=mine", "model=hf", "data=jsonl", f"data.source={data}", *COMMON]
+    sft = check_ok(run_cli(tmp_path, "train", "algo=sft", f"model.path={model}", *run, "train.max_steps=1")).stdout
+    assert "[rlft] defaults table: pretrained model, sft, full fine-tuning: TRL SFTConfig's lr 2e-5" in sft
+    assert "[rlft] train.lr=2e-05 (defaults table)" in sft and "[rlft] train.batch_size=32 (defaults table)" in sft
+    assert "train.max_steps=1 (command line)" in sft
+    grpo = check_ok(run_cli(tmp_path, "train", "algo=grpo", "model.path=stage:sft", "model.lora.rank=4", *run,
+                            "train.max_steps=1", "rollout.prompts_per_step=2", "rollout.max_new_tokens=8",
+                            "algo.eval_every=0", "algo.eval_problems=2", f"reward.functions=[{USER_REWARD}:alternate]",
+                            timeout=600, env=rl_env())).stdout
+    assert "pretrained model, rl, LoRA (lr x 10)" in grpo and "[rlft] train.lr=1e-05 (defaults table)" in grpo
+    assert "rollout: 2 prompts (command line) x 8 samples (algo=grpo), 8 new tokens (command line)" in grpo
+    recorded = OmegaConf.load(stage_dir(tmp_path, "mine", "grpo") / "config.yaml")
+    assert recorded.train.lr == 1e-5 and recorded.model.kind == "pretrained"  # the values it ran with, recorded

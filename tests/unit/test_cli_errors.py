@@ -105,7 +105,7 @@ def test_list_keys_train(tmp_path):
     rows = [line.split(None, 2) for line in proc.stdout.splitlines() if line.strip()]
     keys = {r[0]: r for r in rows}
     assert all(k.startswith("train.") for k in keys)
-    assert keys["train.max_steps"][1] == "200"
+    assert keys["train.max_steps"][1] == "(table)" and keys["train.max_samples"][1] == "0"
     assert all(len(r) == 3 and r[2].strip() for r in rows), "every key has a default and a doc"
 
 

@@ -219,7 +219,8 @@ def test_describe_keys_documents_every_key():
 def test_describe_keys_filters_by_prefix_and_shows_defaults():
     rows = {k: (d, doc) for k, d, doc in describe_keys("train")}
     assert all(k.startswith("train.") for k in rows)
-    assert rows["train.max_steps"][0] == repr(TrainConfig().max_steps)
+    assert rows["train.max_samples"][0] == repr(TrainConfig().max_samples)
+    assert rows["train.max_steps"][0] == "(table)"  # TrainConfig().max_steps is null: the defaults table fills it
     assert "data.task.seed" in {k for k, _, _ in describe_keys("data.task")}
 
 

@@ -269,7 +269,10 @@ def test_a_stale_rollouts_loss_is_the_off_policy_loss_with_truncated_weights(one
     from rlft.algos import IS_CORRECTIONS, ISConfig
     from rlft.models import load_model, load_tokenizer
 
+    from rlft.config.validate import validate
+
     cfg = compose_config("algo=grpo", "rollout.samples_per_prompt=2", "algo.kl_coef=0", *TINY_MODEL)
+    validate(cfg)  # the defaults table's rates and sizes
     tokenizer = load_tokenizer(cfg.model, "builtin:tiny")
     model = load_model(cfg.model, "builtin:tiny", tokenizer, seed=cfg.seed)
     prompt, completions = [5, 6, 7], [[8, 9, 10, 2], [11, 12, 2]]
