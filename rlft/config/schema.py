@@ -149,12 +149,28 @@ class VLLMConfig:
 
 
 @dataclass
+class PoolConfig:
+    """RL: the difficulty pool (rlft/stages/prompts.py): prompts whose last group was always or never solved are
+    skipped until revisit_after rollouts have passed, so the samples go to prompts whose groups teach."""
+    enabled: bool = read_when("rl_loop", False)
+    """Track each training prompt's last group-mean reward and retire the always- and never-solved ones."""
+    easy: float = read_when("pool", 1.0)
+    """A group-mean reward at or above this retires the prompt as solved."""
+    hard: float = read_when("pool", 0.0)
+    """A group-mean reward at or below this retires the prompt as unsolved."""
+    revisit_after: int = read_when("pool", 20)
+    """Rollouts a retired prompt is skipped for; after that the data order samples and judges it again."""
+
+
+@dataclass
 class RolloutConfig:
     prompts_per_step: Optional[int] = None
     """RL: prompts per rollout, all ranks together (null: the defaults table)."""
     samples_per_prompt: int = 8
     """Completions per prompt (RL: the group size G, at least 2 for group-relative advantages; offline RFT:
     samples per training prompt)."""
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    """RL: the difficulty pool (`rlft list keys rollout.pool`): retire prompts that are always or never solved."""
     dynamic_sampling: bool = False
     """RL (DAPO): replace groups whose rewards are all equal with fresh prompts."""
     max_sampling_rounds: int = 3
@@ -336,6 +352,26 @@ class RewardConfig:
 
 
 @dataclass
+class CurriculumConfig:
+    """RL through an environment with difficulty levels (reasoning_gym: the task's own curriculum): training rows
+    start at an easy level, and the level goes up as the rollouts' mean reward at it passes a threshold
+    (rlft/stages/prompts.py). Held-out rows keep env.task_config's difficulty."""
+    enabled: bool = read_when("curriculum", False)
+    """Train through the task's difficulty levels."""
+    start_level: int = read_when("curriculum_on", 0)
+    """The level the first rollouts sample from."""
+    max_level: int = read_when("curriculum_on", -1)
+    """The highest level (-1: the curriculum's last)."""
+    threshold: float = read_when("curriculum_on", 0.8)
+    """Mean reward of the last `window` rollouts at the current level that moves it one level up."""
+    window: int = read_when("curriculum_on", 8)
+    """Rollouts the mean reward is taken over (counted again from each new level)."""
+    attributes: list = read_when("curriculum_on", default_factory=list)
+    """reasoning_gym: the curriculum attributes that follow the level, e.g. [num_digits] (empty: all of them; each
+    stays at its own last level past it); the others keep env.task_config's values."""
+
+
+@dataclass
 class EnvConfig:
     """The environment every sampling stage samples through (docs/environments.md): `env=<name>`."""
     name: str = "math"
@@ -385,6 +421,8 @@ class EnvConfig:
     """python: longest tool output returned to the model (longer output is cut, and says so)."""
     options: dict = field(default_factory=dict)
     """A user environment's own options (read by its class as cfg.env.options)."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """RL: difficulty levels raised as the rollouts' reward passes a threshold (`rlft list keys env.curriculum`)."""
 
 
 @dataclass

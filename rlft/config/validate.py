@@ -213,6 +213,26 @@ def _rl_loop_unread(cfg, key):
         return f"only the online RL loop reads it, not algo={cfg.algo.name}"
 
 
+def _pool_unread(cfg, key):
+    return _rl_loop_unread(cfg, key) or (
+        "it applies only with rollout.pool.enabled=true" if not cfg.rollout.pool.enabled else None)
+
+
+def _curriculum_unread(cfg, key):
+    from rlft.envs import env_class
+    from rlft.envs.base import Environment
+
+    if not algo_spec(cfg.algo).rl:
+        return f"only the online RL loop reads it, not algo={cfg.algo.name}"
+    if env_class(str(cfg.env.name)).curriculum_levels is Environment.curriculum_levels:
+        return f"env={cfg.env.name} has no difficulty levels (env=reasoning_gym has its tasks' curricula)"
+
+
+def _curriculum_on_unread(cfg, key):
+    return _curriculum_unread(cfg, key) or (
+        "it applies only with env.curriculum.enabled=true" if not cfg.env.curriculum.enabled else None)
+
+
 def _async_unread(cfg, key):
     if int(cfg.rollout.max_staleness) == 0:
         return "only asynchronous sampling (rollout.max_staleness > 0) reads it"
@@ -221,6 +241,9 @@ def _async_unread(cfg, key):
 # read_when rule (rlft/config/fields.py) -> (cfg, field name) -> why this run does not read it, or None
 READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
     "async": _async_unread,
+    "curriculum": _curriculum_unread,
+    "curriculum_on": _curriculum_on_unread,
+    "pool": _pool_unread,
     "critic": _critic_unread,
     "loss_option": _loss_option_unread,
     "per_token_update": _per_token_update_unread,

@@ -13,6 +13,8 @@ An environment owns a task's data and its judgement:
     step_labels(row, steps)     optional: exact 0/1 labels of reasoning steps (process supervision)
     use_tokenizer(tokenizer)    optional: the policy's tokenizer, given before sampling or encoding (e.g.
                                 to speak its tool-call format)
+    curriculum_levels(),        optional: difficulty levels of the training rows (env.curriculum): the
+      level_rows(level)         highest level, and the rows at one
     describe()                  optional: a line for the run header (e.g. a tool's sandbox), asked before
                                 a sampling stage starts
 
@@ -91,6 +93,16 @@ class Environment:
         if "response" not in row:
             raise NotImplementedError(f"environment {self.name} has no demonstrations for its rows")
         return [(str(row["response"]), True)]
+
+    def curriculum_levels(self) -> int:
+        """Optional (env.curriculum): the highest difficulty level of the training rows; environments without
+        levels do not override it."""
+        raise NotImplementedError(f"environment {self.name} has no difficulty levels")
+
+    def level_rows(self, level: int) -> list[dict]:
+        """Optional (env.curriculum): the training rows at difficulty `level` (0 the easiest), disjoint from the
+        held-out rows; the same list on every call."""
+        raise NotImplementedError(f"environment {self.name} has no difficulty levels")
 
     def describe(self) -> str:
         """A line for the run header on what the environment runs under (e.g. the sandbox a tool's code runs

@@ -14,13 +14,16 @@ its weight, interleaved in a seeded order; `env.task_config` then maps task name
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
 from rlft.envs.base import Environment, Score
+from rlft.errors import ConfigError
 from rlft.rewards import verifiers as V
 
 SPLIT_SEEDS = {"train": 1, "test": 2}
+LEVEL = "level"  # env.curriculum: the training rows of level L are the split "levelL"
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -118,8 +121,64 @@ class ReasoningGymEnv(Environment):
         """The task's dataset and entry behind a row (the scorer reads the entry's metadata)."""
         task, split, index = row["_entry"]
         if (task, split) not in self.datasets:
-            self.rows(split)
+            self.level_rows(int(split[len(LEVEL):])) if split.startswith(LEVEL) else self.rows(split)
         return self.datasets[(task, split)], self.entries[(task, split)][index]
+
+    # ---------------------------------------------------------------- env.curriculum: the task's own levels
+    def curriculum(self):
+        """(task, its reasoning-gym curriculum, the attributes that follow the level)."""
+        from reasoning_gym.factory import create_curriculum, has_curriculum
+
+        if len(self.weights) > 1:
+            raise ConfigError("env.curriculum follows one task's curriculum: set env.task, not env.tasks")
+        task = next(iter(self.weights))
+        if not has_curriculum(task):
+            raise ConfigError(f"env.curriculum: reasoning-gym task {task!r} has no curriculum; drop env.curriculum")
+        curriculum = create_curriculum(task)
+        attributes = [str(a) for a in self.cfg.env.curriculum.attributes] or list(curriculum.attributes)
+        unknown = [a for a in attributes if a not in curriculum.attributes]
+        if unknown:
+            raise ConfigError(f"env.curriculum.attributes: {task} has no attribute {unknown[0]!r}; its curriculum's "
+                              f"attributes: {', '.join(curriculum.attributes)}")
+        return task, curriculum, attributes
+
+    def curriculum_levels(self) -> int:
+        _, curriculum, attributes = self.curriculum()
+        return max(len(curriculum.attributes[a].levels) for a in attributes) - 1
+
+    def level_rows(self, level: int) -> list[dict]:
+        """Training rows with the curriculum's attributes at `level` (each at most its own last level) and the
+        task's other options from env.task_config; seeded per level, held-out questions left out."""
+        split = f"{LEVEL}{level}"
+        if split in self._rows:
+            return self._rows[split]
+        task, curriculum, attributes = self.curriculum()
+        options = task_options(self.cfg.env, task, False)
+        for name in attributes:
+            curriculum.set_attr_level(name, min(level, len(curriculum.attributes[name].levels) - 1))
+        generated = dataclasses.asdict(curriculum.generate_configuration(dict(options)))
+        for name in attributes:
+            attr = curriculum.attributes[name]
+            keys = [attr.field_name] if hasattr(attr, "field_name") else [attr.lower_field_name,
+                                                                           attr.upper_field_name]
+            options.update({k: generated[k] for k in keys})
+        size = int(self.cfg.env.train_size)
+        seed = int(self.cfg.env.seed) * 1000 + SPLIT_SEEDS["train"] * 97 + 7_919 * (level + 1)
+        data = self.rg.create_dataset(task, **{**options, "size": max(size, 1), "seed": seed})
+        self.datasets[(task, split)] = data
+        entries = self.entries.setdefault((task, split), [data[i] for i in range(size)])
+        held = {r["prompt"] for r in self.rows("test")}
+        rows = []
+        for i, entry in enumerate(entries):
+            prompt = entry["question"] + (f"\n{self.instruction}" if self.instruction else "")
+            if prompt not in held:
+                rows.append({"prompt": prompt, "answer": str(entry["answer"]), "task": task, "_entry": [task, split, i]})
+        limit = self.cfg.data.max_train_rows
+        self._rows[split] = rows[:limit] if limit else rows
+        if not self._rows[split]:
+            raise ConfigError(f"env.curriculum: level {level} of {task} has no training question that is not held out; "
+                              "lower env.test_size or start at another level")
+        return self._rows[split]
 
     def score(self, row: dict, completion: str) -> Score:
         answer = extract(completion)

@@ -34,6 +34,7 @@ from rlft.rollout import batch as rb
 from rlft.rollout.generate import Sampling, build_engine
 from rlft.rollout.logprobs import packed_logp, response_start, token_logp
 from rlft.stages import common, inputs
+from rlft.stages.prompts import Curriculum, DifficultyPool, PromptSource
 
 PHASES = ("sample", "score", "logprobs", "values", "advantages")
 
@@ -146,6 +147,21 @@ def merge_informative(ro: rb.Rollout, extra: rb.Rollout, keep: torch.Tensor, kee
     return rb.concat_rows(rows, pad_id)
 
 
+def prompt_source(cfg, env, train_rows: list[dict]) -> PromptSource:
+    """The configured choice of each rollout's prompts: the data order, the difficulty pool, the curriculum."""
+    pool_cfg, cur_cfg = cfg.rollout.pool, cfg.env.curriculum
+    pool = DifficultyPool(float(pool_cfg.easy), float(pool_cfg.hard), int(pool_cfg.revisit_after)) \
+        if pool_cfg.enabled else None
+    curriculum, rows_at = None, (lambda level: train_rows)
+    if cur_cfg.enabled:
+        top = env.curriculum_levels()
+        last = top if int(cur_cfg.max_level) < 0 else min(int(cur_cfg.max_level), top)
+        curriculum = Curriculum(level=min(int(cur_cfg.start_level), last), max_level=last,
+                                threshold=float(cur_cfg.threshold), window=int(cur_cfg.window))
+        rows_at = env.level_rows
+    return PromptSource(rows_at, int(cfg.rollout.prompts_per_step or 0), int(cfg.seed), pool, curriculum)  # 0: unvalidated
+
+
 class Experience:
     """The experience step on one rank. Built from its parts (`build` makes them from the config), so
     a benchmark or a test can run the real phases with its own environment or models."""
@@ -161,6 +177,7 @@ class Experience:
         self.sampling = Sampling(rollout.max_new_tokens, True, rollout.temperature, rollout.top_p, rollout.top_k)
         self.train_rows = env.rows("train") if env is not None else []
         self.test_rows = env.rows("test")[:cfg.algo.eval_problems] if env is not None else []
+        self.prompt_source = prompt_source(cfg, env, self.train_rows)
         self.samples_drawn = 0  # completions this rank sampled for training (dynamic sampling's extra rounds too)
         self.times = dict.fromkeys(PHASES, 0.0)  # seconds per phase since the last `take_times`
 
@@ -273,13 +290,19 @@ class Experience:
                 ro.put(step_scores=probs, step_ends=[rb.step_columns(self.tokenizer, c, e, p) if e else []
                                                      for c, e, p in zip(ro.completion_ids, char_ends, ro.prompt_lens)])
 
-    def rank_rows(self, rollout_index: int, seed_offset: int = 0) -> list[dict]:
-        """This rank's training rows of a rollout (a pure function of the rollout's index and the seed)."""
-        rollout_cfg, info = self.cfg.rollout, self.info
-        idx = common.step_indices(rollout_index, rollout_cfg.prompts_per_step, len(self.train_rows),
-                                  self.cfg.seed + seed_offset)
-        mine = minibatch_shard(idx, self.cfg.algo.minibatches_per_rollout, info.rank, info.world_size)
-        return [self.train_rows[i] for i in mine]
+    def rank_rows(self, rollout_index: int, round_: int = 0) -> list[dict]:
+        """This rank's training rows of a rollout (round > 0: dynamic sampling's extra draws): its share of the
+        prompts `self.prompt_source` chooses, the same on every rank (rlft/stages/prompts.py)."""
+        rows, info = self.prompt_source.select(rollout_index, round_), self.info
+        mine = minibatch_shard(list(range(len(rows))), self.cfg.algo.minibatches_per_rollout, info.rank,
+                               info.world_size)
+        return [rows[i] for i in mine]
+
+    def observe(self, rollout_index: int, *rollouts: rb.Rollout) -> None:
+        """Collective: what the rollout's prompts scored, to the prompt source (the difficulty pool, the
+        curriculum); dynamic sampling's discarded groups count too."""
+        samples = [(row, reward) for ro in rollouts for row, reward in zip(ro.rows, ro.scores.tolist())]
+        self.prompt_source.observe(samples, rollout_index, dist.all_gather_object)
 
     def sampling_seed(self, rollout_index: int, round_: int = 0) -> int:
         """The engine's sampling seed (vllm, the async sampler; hf in the trainer draws from torch's generator)."""
@@ -293,16 +316,18 @@ class Experience:
         G = rollout_cfg.samples_per_prompt
         ro = self.sample(self.rank_rows(rollout_index), self.sampling_seed(rollout_index))
         self.score(ro)
+        scored = [ro]
         if rollout_cfg.dynamic_sampling:
             for round_ in range(1, rollout_cfg.max_sampling_rounds):
                 keep = dynamic_sampling_keep_mask(ro.scores, G)
                 if bool(keep.all()):
                     break
-                extra = self.sample(self.rank_rows(rollout_index, 7919 * round_),
-                                    self.sampling_seed(rollout_index, round_))
+                extra = self.sample(self.rank_rows(rollout_index, round_), self.sampling_seed(rollout_index, round_))
                 self.score(extra)
+                scored.append(extra)
                 ro = merge_informative(ro, extra, keep, dynamic_sampling_keep_mask(extra.scores, G), G,
                                        self.tokenizer.pad_token_id)
+        self.observe(rollout_index, *scored)
         self.sampler.sleep()  # a GPU engine frees its memory for the trainer until the next sync
         return ro
 
@@ -331,6 +356,7 @@ class Experience:
             raise RuntimeError(f"rollout {rollout_index} came from weights version {request.version}, more than "
                                f"rollout.max_staleness={self.ahead.max_staleness} behind")
         self.score(ro)
+        self.observe(rollout_index, ro)
         return ro
 
     # ------------------------------------------------------------------ what the update reads

@@ -148,6 +148,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
     experience.samples_drawn = int(resumed.get("samples_drawn", 0))
     if "kl_coef" in resumed:  # the adaptive KL controller's value when the checkpoint was written
         kl.restore(resumed["kl_coef"])
+    if "prompts" in resumed:  # the difficulty pool and the curriculum as they were
+        experience.prompt_source.restore(resumed["prompts"])
     if experience.ahead is not None and resumed.get("in_flight"):
         experience.ahead.restore(resumed["in_flight"][ctx.info.rank])
     if start_step and iterations.count > 1:  # the reward models and reference of the iteration resumed into
@@ -178,13 +180,16 @@ def run(cfg, ctx: common.StageContext) -> dict:
         nonlocal stats, times
         metrics = stats.reduce()
         metrics["reward_std"] = max(metrics.pop("reward_sq") - metrics["reward"] ** 2, 0.0) ** 0.5
-        metrics.update(times.reduce(), lr=policy.lr(), iteration=iterations.index(done // steps_per_rollout - 1),
+        metrics.update(times.reduce(), **experience.prompt_source.metrics(), lr=policy.lr(),
+                       iteration=iterations.index(done // steps_per_rollout - 1),
                        kl_coef=kl.coef, samples_seen=int(dist.all_reduce_sum([float(experience.samples_drawn)])[0]))
         stats, times = common.Sums(), common.Sums()
         return metrics
 
     def client_state() -> dict:
         state = {"kl_coef": kl.coef, "samples_drawn": experience.samples_drawn, **iterations.state()}
+        if experience.prompt_source.adaptive:
+            state["prompts"] = experience.prompt_source.state()
         if experience.ahead is not None:  # every rank's rollouts in flight: a resume trains the same samples
             state["in_flight"] = dist.all_gather_object(experience.ahead.drain())
         return state

@@ -34,6 +34,13 @@ def half_flat(prompts, completions, **row_fields):
     return [0.0 if sum(map(ord, p)) % 2 == 0 else float(i % 2 == 0) for i, p in enumerate(prompts)]
 
 
+def by_prompt(prompts, completions, **row_fields):
+    """By the prompt's character sum mod 3: always 1 (a solved prompt), always 0 (an unsolved one), or 1, 0, 1, 0,
+    ... (a prompt whose group teaches): the difficulty pool's three kinds, whatever the policy writes."""
+    kinds = [sum(map(ord, p)) % 3 for p in prompts]
+    return [1.0 if k == 0 else 0.0 if k == 1 else float(i % 2 == 0) for i, k in enumerate(kinds)]
+
+
 def share_of_sevens(prompts, completions, **row_fields):
     """Share of the characters that are '7': a signal a random policy can learn in a few steps."""
     return [c.count("7") / max(len(c), 1) for c in completions]

@@ -4,6 +4,8 @@ the state beyond the policy that the run carries:
 * PPO: the critic (its own weights and optimizer, saved in the same checkpoint) and the adaptive
   KL coefficient;
 * multi-turn GRPO through an environment (its turns re-sampled exactly after the resume);
+* GRPO choosing its prompts by what they teach: the difficulty pool (with dynamic sampling, whose discarded
+  groups feed it) and reasoning-gym's curriculum, their state restored with the checkpoint;
 * iterative GRPO with a PRM reward: the PRM retrained and the reference reset at the end of
   iteration 0 (reloaded from iterations/iter-0/), resumed inside iteration 1 and exactly at the
   boundary (where the checkpoint's samples of iteration 0 feed the PRM's retraining).
@@ -17,7 +19,8 @@ import shutil
 
 import pytest
 
-from helpers import RL_SMALL, changed_tensors, check_ok, load_safetensors, make_parents, read_manifest, rl_cli
+from helpers import (RL_SMALL, changed_tensors, check_ok, load_safetensors, make_parents, read_manifest, read_metrics,
+                     rl_cli)
 
 RUN = "rs"
 PPO = ["algo=ppo", "rollout.samples_per_prompt=1", "rollout.prompts_per_step=8", "train.micro_batch_per_device=2",
@@ -29,6 +32,17 @@ MULTI = ["algo=grpo", *RL_SMALL, "env.name=toy_env:DigitTool", "train.max_steps=
          "train.lr=1e-3", "algo.eval_every=0"]
 ITER = ["algo=grpo", *RL_SMALL, "iterative.iterations=2", "reward=prm", "train.max_steps=4", "train.save_every=1",
         "train.lr=1e-3", "iterative.rm_steps=2", "algo.eval_every=0"]
+
+
+# the pool: by_prompt makes a third of the prompts always solved, a third never; 12 rows, so the order repeats
+POOL = ["algo=grpo", *RL_SMALL, "data.max_train_rows=12", "rollout.pool.enabled=true", "rollout.pool.revisit_after=3",
+        "rollout.dynamic_sampling=true", "reward.functions=[rl_user_reward:by_prompt]", "train.max_steps=8",
+        "train.save_every=4", "train.lr=1e-3", "algo.eval_every=0"]
+# the curriculum: every completion scores 1, so the level goes up after every second rollout
+CURRICULUM = ["algo=grpo", *RL_SMALL, "env=reasoning_gym", "env.task=chain_sum", "env.train_size=30",
+              "env.test_size=8", "env.curriculum.enabled=true", "env.curriculum.window=2",
+              "env.curriculum.threshold=0.5", "reward.functions=[rl_user_reward:always_one,correctness]",
+              "train.max_steps=6", "train.save_every=3", "train.lr=1e-3", "algo.eval_every=0"]
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +110,30 @@ def test_a_multi_turn_run_resumes_to_the_uninterrupted_runs_weights(root):
 
     recs = [r for r in read_metrics(full) if "turns" in r]
     assert recs and all(r["turns"] > 1 for r in recs)  # the trajectories were multi-turn
+
+
+def test_the_difficulty_pool_retires_prompts_and_resumes_to_the_same_weights(root):
+    full = run(root, "pool_full", POOL)
+    records = [r for r in read_metrics(full) if "pool/seen" in r]
+    last = records[-1]
+    assert last["pool/seen"] == 12 and last["pool/retired_solved"] > 0 and last["pool/retired_unsolved"] > 0
+    assert sum(r["pool/skipped"] for r in records) > 0 and sum(r["pool/revisited"] for r in records) > 0
+    part = run(root, "pool_part", POOL)
+    interrupt_after(part, 4)
+    run(root, "pool_part", POOL, "resume=true")
+    a, b = load_safetensors(full / "final"), load_safetensors(part / "final")
+    assert not changed_tensors(a, b, atol=0), changed_tensors(a, b, atol=0)[:5]
+    resumed = [r for r in read_metrics(part) if "pool/seen" in r][-1]
+    assert {k: v for k, v in resumed.items() if k.startswith("pool/")} == {k: v for k, v in last.items()
+                                                                          if k.startswith("pool/")}
+
+
+def test_the_curriculum_raises_the_level_and_resumes_to_the_same_weights(root):
+    full = run(root, "cur_full", CURRICULUM)
+    levels = [r["curriculum/level"] for r in read_metrics(full) if "curriculum/level" in r]
+    assert levels == [0, 0, 1, 1, 2, 2]  # two rollouts at each level, each at mean reward >= 0.5
+    part = run(root, "cur_part", CURRICULUM)
+    interrupt_after(part, 3)
+    run(root, "cur_part", CURRICULUM, "resume=true")
+    a, b = load_safetensors(full / "final"), load_safetensors(part / "final")
+    assert not changed_tensors(a, b, atol=0), changed_tensors(a, b, atol=0)[:5]

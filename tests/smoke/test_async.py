@@ -61,3 +61,20 @@ def test_async_ppo_samples_multi_turn_trajectories_in_the_sampler(tmp_path):
     assert [r["staleness_mean"] for r in records] == [0, 1]
     assert all(r["turns"] > 1 and r["tool_calls"] > 0 for r in records), records
     assert all(0 < r["response_len"] < 24 for r in records)  # the model's tokens only: the tool's are masked
+
+
+def test_async_with_the_difficulty_pool_resumes_exactly(tmp_path):
+    """Rollouts r+1..r+K are chosen while r trains, from the pool as it stood; the checkpoint keeps the pool
+    and the rollouts in flight, so a resumed run samples and trains the same prompts."""
+    make_parents(tmp_path, RUN, ("sft",))
+    args = ["train", "algo=grpo", f"run.name={RUN}", *ASYNC, "reward.functions=[rl_user_reward:by_prompt]",
+            "data.max_train_rows=12", "rollout.pool.enabled=true", "rollout.pool.revisit_after=2",
+            "rollout.max_staleness=2", "train.save_every=3"]
+    check_ok(rl_cli(tmp_path, *args, "train.max_steps=7", "run.dir=runs/as/pool_full"))
+    full = tmp_path / "runs" / "as" / "pool_full"
+    assert [r["staleness_mean"] for r in rollouts(full)] == [0, 1, 2, 2, 2, 2, 2]
+    assert rollouts(full)[-1]["pool/retired_solved"] > 0
+    check_ok(rl_cli(tmp_path, *args, "train.max_steps=4", "run.dir=runs/as/pool_parts"))
+    check_ok(rl_cli(tmp_path, *args, "train.max_steps=7", "run.dir=runs/as/pool_parts", "resume=true"))
+    a, b = load_safetensors(full / "final"), load_safetensors(tmp_path / "runs" / "as" / "pool_parts" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
