@@ -72,6 +72,11 @@ class TrainConfig:
     """Padding-free training forwards: each micro-batch's sequences in one row, positions restarting per
     sequence so attention stays within each (transformers' packed-sequence support); the LM head runs only on
     tokens that carry loss. SFT, DPO and the RL scoring and update passes (docs/performance.md)."""
+    share_prompt: bool = read_when("rl_loop", False)
+    """RL: each distinct prompt of a forward runs once for its group (its keys and values, through transformers' KV
+    cache, reused by the group's completions) in the update and in the old and reference log-prob passes: on
+    short completions after a long prompt most of the compute goes (docs/performance.md). The same log-probs
+    and gradients up to floating-point order. Not with train.packing."""
     log_every: Optional[int] = None
     """Log metrics every this many optimizer steps (null: the defaults table)."""
     save_every: Optional[int] = None
@@ -193,6 +198,9 @@ class RolloutConfig:
     real models: docs/performance.md)."""
     hf_compile: bool = True
     """hf on a GPU: compile the static-cache decoding step (torch.compile + CUDA graphs)."""
+    hf_share_prefill: bool = False
+    """hf with the dynamic cache: each distinct prompt of a generation batch is prefilled once and its keys and
+    values shared by its samples (a group's G copies), instead of once per sample (docs/performance.md)."""
     hf_bucket: bool = True
     """hf: generate rows of similar prompt length together (less padding)."""
     hf_pad_multiple: int = 16

@@ -48,6 +48,9 @@ def validate(cfg, recorded: Optional[dict] = None) -> dict[str, str]:
                        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step)]:
         if value < 1:
             raise ConfigError(f"{key}={value} must be at least 1")
+    if train.share_prompt and train.packing:
+        raise ConfigError("train.share_prompt=true and train.packing=true are two ways to skip work in the same "
+                          "forward; use one (share_prompt for short completions after long prompts)")
     if train.max_tokens_per_micro_batch < 0:
         raise ConfigError(f"train.max_tokens_per_micro_batch={train.max_tokens_per_micro_batch} must be 0 (off: "
                           "train.micro_batch_per_device sequences per forward) or a token budget")

@@ -95,6 +95,12 @@ def build_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]]
     return ids, attn, mask[:, :width]
 
 
+def prompt_lens_of(ro, rows) -> list[int]:
+    """The prompt lengths of some rows of a rollout (a slice, or a tensor or list of row indices)."""
+    index = range(len(ro))[rows] if isinstance(rows, slice) else [int(i) for i in rows]
+    return [ro.prompt_lens[i] for i in index]
+
+
 def target_aligned(values: list[list[float]], prompt_lens: list[int], width: int) -> torch.Tensor:
     """Per-completion-token values as a [N, width] tensor aligned to targets (completion token j
     of row i sits in column prompt_lens[i] - 1 + j), 0 elsewhere."""

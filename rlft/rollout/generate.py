@@ -106,6 +106,26 @@ def hf_processors(sampling: Sampling, recorder: SampledLogp):
     return out
 
 
+def shared_prefill(model, ids: torch.Tensor, attn: torch.Tensor):
+    """A KV cache of every row's prompt but its last token, each distinct prompt computed once and its keys
+    and values repeated for its consecutive copies (a group's n samples): `generate` then runs only the last
+    prompt token and the new ones (rollout.hf_share_prefill). Rows are left-padded; positions follow the
+    attention mask, as `generate` counts them. None when no two consecutive rows share a prompt."""
+    from transformers import DynamicCache
+
+    same = (ids[1:] == ids[:-1]).all(-1) & (attn[1:] == attn[:-1]).all(-1)
+    if not bool(same.any()) or ids.shape[1] < 2:
+        return None
+    heads = torch.cat([torch.ones(1, dtype=torch.bool, device=ids.device), ~same]).nonzero().squeeze(1)
+    expand = torch.cumsum(torch.cat([torch.ones(1, dtype=torch.long, device=ids.device), (~same).long()]), 0) - 1
+    mask = attn[heads, :-1]
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = model(input_ids=ids[heads, :-1], attention_mask=mask, position_ids=positions,
+                  past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1).past_key_values
+    cache.batch_select_indices(expand)
+    return cache
+
+
 class Frozen:
     """A plain model as a ModelSource (evaluation, offline RFT)."""
 
@@ -173,6 +193,8 @@ class HFEngine:
                     kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
                 if c.hf_cache == "static":
                     kwargs.update(cache_implementation="static", disable_compile=not c.hf_compile)
+                elif c.hf_share_prefill:
+                    kwargs.update(past_key_values=shared_prefill(model, ids.to(self.device), attn.to(self.device)))
                 seqs = model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), **kwargs)
                 new = seqs[:, ids.shape[1]:]
                 logp = recorder.finish(new[:, -1]) if new.shape[1] else torch.zeros(len(chunk), 0)

@@ -54,14 +54,72 @@ def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return logits / temperature if temperature != 1.0 else logits
 
 
+def prompt_runs(input_ids: torch.Tensor, prompt_lens: list[int]) -> list[int]:
+    """How many consecutive rows share each prompt (a group's completions of one prompt sit together)."""
+    counts: list[int] = []
+    for i, n in enumerate(prompt_lens):
+        same = i > 0 and n == prompt_lens[i - 1] and torch.equal(input_ids[i, :n], input_ids[i - 1, :n])
+        if same:
+            counts[-1] += 1
+        else:
+            counts.append(1)
+    return counts
+
+
+def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lens: list[int],
+                         start: int = 0, temperature: float = 1.0) -> torch.Tensor:
+    """`forward_logits` of right-padded prompt + completion rows, each distinct prompt run once.
+
+    Rows whose prompt is the same (a group's G completions) share one forward of that prompt: its keys and
+    values (transformers' KV cache, gradients flowing through it) are repeated for each of its rows, and the
+    completions run after them at their own positions. The logit that predicts a completion's first token is
+    the prompt's last; the others come from the completion forward. On a short completion after a long
+    prompt this computes about 1/G of the positions. Columns before a row's last prompt position (prompt
+    targets, never in a response mask) are 0. Equal to forward_logits up to floating-point order."""
+    from transformers import DynamicCache
+
+    dev, (B, L) = input_ids.device, input_ids.shape
+    counts = prompt_runs(input_ids, prompt_lens)
+    heads = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)[:-1]), device=dev)
+    lens = torch.tensor(prompt_lens, device=dev)
+    p_len = lens[heads]
+    width = int(p_len.max())
+    prompt_mask = (torch.arange(width, device=dev)[None] < p_len[:, None]).long()
+    prompt_ids = input_ids[heads, :width] * prompt_mask
+    cache = DynamicCache()  # its layers are made as the prompt forward fills them
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, use_cache=True)
+    expand = torch.repeat_interleave(torch.arange(len(counts), device=dev), torch.tensor(counts, device=dev))
+    last = out.logits[torch.arange(len(counts), device=dev), p_len - 1][expand]  # [B, V]: predicts token p
+    cache = out.past_key_values
+    cache.batch_select_indices(expand)
+    tail = int((L - lens).max())  # the longest completion part (to the padded width)
+    offsets = torch.arange(tail, device=dev)[None]
+    cols = (lens[:, None] + offsets).clamp(max=L - 1)
+    inside = (lens[:, None] + offsets) < L
+    comp_ids = input_ids.gather(1, cols) * inside
+    comp_mask = attention_mask.gather(1, cols) * inside
+    full_mask = torch.cat([prompt_mask[expand], comp_mask.long()], 1)
+    comp = model(input_ids=comp_ids, attention_mask=full_mask, position_ids=lens[:, None] + offsets,
+                 past_key_values=cache, use_cache=False).logits  # [B, tail, V]: predicts token p + j + 1
+    source = torch.cat([last[:, None], comp], 1)  # index k predicts token p + k (target column p - 1 + k)
+    target_cols = torch.arange(start, L - 1, device=dev)[None]
+    k = target_cols - (lens[:, None] - 1)
+    valid = (k >= 0) & (k <= tail)
+    picked = source.gather(1, k.clamp(0, tail)[..., None].expand(-1, -1, source.shape[-1]))
+    logits = picked * valid[..., None]
+    return logits / temperature if temperature != 1.0 else logits
+
+
 def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               temperature: float = 1.0, start: int = 0) -> torch.Tensor:
+               temperature: float = 1.0, start: int = 0, prompt_lens: list[int] | None = None) -> torch.Tensor:
     """Log-probs [B, L-1] of input_ids[:, 1:] under `model` (grad flows if enabled); columns
-    before `start` (prompt only) are left at 0 without computing their logits.
+    before `start` (prompt only) are left at 0 without computing their logits. With `prompt_lens`, each
+    distinct prompt runs once (`shared_prompt_logits`).
 
     `temperature` divides the logits as sampling did, so old/ref/current log-probs all refer
     to the same distribution the tokens were drawn from."""
-    logits = forward_logits(model, input_ids, attention_mask, start, temperature)
+    logits = forward_logits(model, input_ids, attention_mask, start, temperature) if prompt_lens is None else \
+        shared_prompt_logits(model, input_ids, attention_mask, prompt_lens, start, temperature)
     logp = selective_logp(logits, input_ids[:, start + 1:])
     if start == 0:
         return logp

@@ -81,7 +81,7 @@ def reuses_rollout(algo) -> bool:
 
 @torch.no_grad()
 def rollout_logp(model, ro: rb.Rollout, micro: int, temperature: float, packed: bool = False,
-                 max_tokens: int = 0) -> torch.Tensor:
+                 max_tokens: int = 0, share_prompt: bool = False) -> torch.Tensor:
     """Per-token log-probs [N, L-1] of the rollout's sequences under `model` (old or reference),
     forward by forward (`micro` rows, or the token budget `max_tokens`), each trimmed to its longest
     row with logits from its first response column on (`packed`: one padding-free forward each,
@@ -96,7 +96,8 @@ def rollout_logp(model, ro: rb.Rollout, micro: int, temperature: float, packed: 
         if packed:
             logp = packed_logp(model, ids, attn, mask, temperature)
         else:
-            logp = token_logp(model, ids, attn, temperature, response_start(mask))
+            logp = token_logp(model, ids, attn, temperature, response_start(mask),
+                              rb.prompt_lens_of(ro, rows) if share_prompt else None)
         out[rows, :width - 1] = logp.float().to(out.device)
     return out
 
@@ -368,10 +369,11 @@ class Experience:
         with self.timed("logprobs"):
             train, temperature = self.cfg.train, self.cfg.rollout.temperature
             micro, budget = train.micro_batch_per_device, train.max_tokens_per_micro_batch
+            shared = bool(train.share_prompt)
             if "old_logp" in needs:
-                ro.put(old_logp=rollout_logp(self.policy, ro, micro, temperature, train.packing, budget))
+                ro.put(old_logp=rollout_logp(self.policy, ro, micro, temperature, train.packing, budget, shared))
             if "ref_logp" in needs:
-                ro.put(ref_logp=rollout_logp(self.reference, ro, micro, temperature, train.packing, budget))
+                ro.put(ref_logp=rollout_logp(self.reference, ro, micro, temperature, train.packing, budget, shared))
             if "old_logp" in needs and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
                 rollout = self.cfg.rollout
                 engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])

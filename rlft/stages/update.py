@@ -24,7 +24,7 @@ from rlft.microbatch import rollout_groups
 from rlft.models import token_scores
 from rlft.rollout import batch as rb
 from rlft.rollout.logprobs import (chunk_rows, forward_logits, packed_logp, padding_fraction, response_start,
-                                   selective_logp)
+                                   selective_logp, shared_prompt_logits)
 from rlft.stages.common import Sums
 
 
@@ -40,12 +40,14 @@ class Shape:
     micro: int
     max_tokens: int = 0
     packed: bool = False
+    share_prompt: bool = False  # each distinct prompt of a forward runs once (train.share_prompt)
 
     @classmethod
     def of(cls, cfg) -> "Shape":
         train, rollout = cfg.train, cfg.rollout
         return cls(cfg.algo, rollout.samples_per_prompt, rollout.temperature, rollout.max_new_tokens,
-                   train.micro_batch_per_device, train.max_tokens_per_micro_batch, train.packing)
+                   train.micro_batch_per_device, train.max_tokens_per_micro_batch, train.packing,
+                   bool(train.share_prompt))
 
 
 class Update:
@@ -76,16 +78,19 @@ def micro_inputs(ro: rb.Rollout, rows, device) -> tuple:
     return ids, attn, cols, ro.mask[rows, cols].to(device)
 
 
-def micro_forward(policy, ro: rb.Rollout, rows, temperature: float, packed: bool = False):
+def micro_forward(policy, ro: rb.Rollout, rows, temperature: float, packed: bool = False, share_prompt: bool = False):
     """One micro-batch through the policy (with grad): (ids, attention mask, cols, response mask, token
     entropy (no grad), per-token log-probs), as `micro_inputs`. `packed`: one padding-free forward
-    (train.packing), the same values."""
+    (train.packing); `share_prompt`: each distinct prompt once (train.share_prompt); the same values."""
     ids, attn, cols, mask = micro_inputs(ro, rows, policy.device)
     if packed:
         full_mask = ro.mask[rows, :ids.shape[1] - 1].to(policy.device)
         logp, extra = packed_logp(policy, ids, attn, full_mask, temperature, ("entropy",))
         return ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
-    logits = forward_logits(policy, ids, attn, cols.start, temperature)
+    if share_prompt:
+        logits = shared_prompt_logits(policy, ids, attn, rb.prompt_lens_of(ro, rows), cols.start, temperature)
+    else:
+        logits = forward_logits(policy, ids, attn, cols.start, temperature)
     return ids, attn, cols, mask, entropy(logits.detach()), selective_logp(logits, ids[:, cols.start + 1:])
 
 
@@ -126,7 +131,8 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
         adv = ro.need("adv", f"policy loss {a.policy_loss}")
         old_logp, ref_logp, is_weight = ro.get("old_logp"), ro.get("ref_logp"), ro.get("is_weight")
         for k, rows in enumerate(groups):
-            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed)
+            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed,
+                                                             shape.share_prompt)
             add_padding(stats, attn, shape.packed)
             old = old_logp[rows, cols].to(dev) if old_logp is not None else None
             loss_tok, metrics = policy_loss(logp, old, adv[rows, cols].to(dev), mask, pl_cfg)
@@ -187,7 +193,8 @@ def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise,
         stats.add("micro_batches", len(groups), 1)
         for k, rows in enumerate(groups):
             pl = rows[0::2] // 2  # rows (2j, 2j+1) are pair j
-            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed)
+            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed,
+                                                             shape.share_prompt)
             add_padding(stats, attn, shape.packed)
             ref = ref_logp[rows, cols].to(dev) if ref_logp is not None else None
             batch = PairBatch(logp=logp, old_logp=old_logp[rows, cols].to(dev), mask=mask, ref_logp=ref,

@@ -75,7 +75,8 @@ def make_cfg(case):
                  f"algo.minibatches_per_rollout={case.get('minibatches', 1)}",
                  f"train.lr={case['lr']}", f"train.grad_clip={case.get('clip', 1.0)}", "train.warmup_steps=0",
                  f"train.max_tokens_per_micro_batch={case.get('tokens', 0)}",
-                 f"train.packing={str(case.get('packing', False)).lower()}"]
+                 f"train.packing={str(case.get('packing', False)).lower()}",
+                 f"train.share_prompt={str(case.get('share', False)).lower()}"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     validate(cfg)
@@ -189,7 +190,11 @@ ONE_RANK = (
        # forwards cut by a token budget (train.max_tokens_per_micro_batch), padded and packed
        case("sgd-token-mean-tok70", "token-mean", 8, optimizer="sgd", tokens=70),
        case("sgd-token-mean-tok50-packed", "token-mean", 8, optimizer="sgd", tokens=50, packing=True),
-       case("reuse-tok60", "token-mean", 8, mu=2, minibatches=2, tokens=60)]
+       case("reuse-tok60", "token-mean", 8, mu=2, minibatches=2, tokens=60),
+       # each group's prompt run once (train.share_prompt); m2 and the token budget split groups
+       case("sgd-token-mean-m8-shared", "token-mean", 8, optimizer="sgd", share=True),
+       case("sgd-token-mean-tok70-shared", "token-mean", 8, optimizer="sgd", tokens=70, share=True),
+       case("reuse-m2-shared", "token-mean", 2, mu=2, minibatches=2, share=True)]
 )
 TWO_RANKS = [
     case("adam-seq-mean-token-mean-z0-m4", micro=4, zero=0),
@@ -204,6 +209,7 @@ TWO_RANKS = [
     # ZeRO-3 gathers parameters at every forward: ranks whose rows need different numbers of forwards
     # by the budget must still run the same number
     case("sgd-token-mean-z3-tok45-packed", "token-mean", 4, zero=3, optimizer="sgd", tokens=45, packing=True),
+    case("sgd-token-mean-z3-m4-shared", "token-mean", 4, zero=3, optimizer="sgd", share=True),
 ]
 
 
@@ -339,3 +345,15 @@ def test_token_budget_ranks_agree_on_the_number_of_forwards(runs):
 
 def test_token_budget_with_reused_batches(runs):
     assert max_diff(final(runs, 1, "reuse-tok60"), final(runs, 1, "reuse-m8")) < TOL
+
+
+@pytest.mark.parametrize("world, shared, plain", [(1, "sgd-token-mean-m8-shared", "sgd-token-mean-m8"),
+                                                  (1, "sgd-token-mean-tok70-shared", "sgd-token-mean-m8"),
+                                                  (1, "reuse-m2-shared", "reuse-m8"),
+                                                  (2, "sgd-token-mean-z3-m4-shared", "sgd-token-mean-m8")])
+def test_a_shared_prompt_forward_does_not_change_the_update(runs, world, shared, plain):
+    """train.share_prompt: the old and reference log-probs and the update's gradients (SGD: the weight change
+    is the gradient) equal the forward of every whole sequence, also where a forward holds part of a group."""
+    assert max_diff(final(runs, world, shared), final(runs, 1, plain)) < TOL
+    for name in ("kl", "entropy"):
+        assert abs(runs[world]["results"][shared]["metrics"][name] - runs[1]["results"][plain]["metrics"][name]) < 1e-6
