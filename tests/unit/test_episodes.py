@@ -66,7 +66,8 @@ def setup():
 
 def hf(model, tok):
     return HFEngine(Frozen(model), tok, torch.device("cpu"),
-                    SimpleNamespace(batch_size=8, hf_cache="dynamic", hf_bucket=True, hf_pad_multiple=1, hf_compile=False))
+                    SimpleNamespace(batch_size=8, hf_cache="dynamic", hf_bucket=True, hf_pad_multiple=1, hf_compile=False,
+                                    hf_share_prefill=False))
 
 
 def sample(setup, limits=episodes.Limits(max_turns=4, max_env_tokens=64), n=3, max_new=40):

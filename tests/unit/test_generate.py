@@ -16,8 +16,9 @@ from rlft.rollout.generate import (Frozen, HFEngine, Sampling, choose_engine, ge
                                    left_pad_to_multiple)
 from rlft.rollout.logprobs import batched_token_logp
 
-PLAIN = dict(hf_cache="dynamic", hf_bucket=False, hf_pad_multiple=1, hf_compile=False)
-FAST = dict(hf_cache="static", hf_bucket=True, hf_pad_multiple=16, hf_compile=True)
+PLAIN = dict(hf_cache="dynamic", hf_bucket=False, hf_pad_multiple=1, hf_compile=False, hf_share_prefill=False)
+FAST = dict(hf_cache="static", hf_bucket=True, hf_pad_multiple=16, hf_compile=True, hf_share_prefill=False)
+SHARED = dict(hf_cache="dynamic", hf_bucket=True, hf_pad_multiple=16, hf_compile=False, hf_share_prefill=True)
 
 
 def engine(model, tok, batch_size: int, **speed) -> HFEngine:
@@ -46,10 +47,11 @@ def test_generation_order_and_padding_helpers():
     assert left_pad_to_multiple(ids, attn, 0, 1)[0] is ids
 
 
-def test_fast_greedy_completions_equal_the_plain_path_in_the_callers_order(setup):
+@pytest.mark.parametrize("speed", [FAST, SHARED], ids=["static", "shared-prefill"])
+def test_fast_greedy_completions_equal_the_plain_path_in_the_callers_order(setup, speed):
     tok, model, prompts = setup
     plain = engine(model, tok, 3, **PLAIN).generate(prompts, 2, Sampling(24, False))
-    fast = engine(model, tok, 3, **FAST).generate(prompts, 2, Sampling(24, False))
+    fast = engine(model, tok, 3, **speed).generate(prompts, 2, Sampling(24, False))
     assert fast.prompt_index == plain.prompt_index == [0, 0, 1, 1, 2, 2, 3, 3]
     assert fast.completion_ids == plain.completion_ids
     assert fast.truncated == plain.truncated
