@@ -58,10 +58,12 @@ def _train_job(cfg) -> float | None:
     from rlft.files import handoff
     from rlft.files.checkpoints import recorded_config
     from rlft.launch import job_dir, launch_train
+    from rlft.overrides import set_dicts_as_given
     from rlft.sweep import objective_value
 
     try:
         overrides, choices = hydra_choices()
+        set_dicts_as_given(cfg, overrides)
         filled = validate(cfg, recorded_config(job_dir(cfg)) if cfg.resume else None)
         launch_train(cfg, header_lines(cfg, overrides, choices, filled))
     except USER_ERRORS as exc:
@@ -83,8 +85,10 @@ def hydra_choices() -> tuple[list[str], dict]:
 
 def _eval_job(cfg) -> None:
     from rlft.config.validate import validate
+    from rlft.overrides import set_dicts_as_given
 
     try:
+        set_dicts_as_given(cfg, hydra_choices()[0])
         validate(cfg)
         from rlft.eval.evaluate import run_eval
 

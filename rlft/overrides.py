@@ -180,6 +180,20 @@ def replace_dicts(args: list[str]) -> list[str]:
     return [f"++{arg}" if arg.split("=", 1)[0] in keys and "=" in arg else arg for arg in args]
 
 
+def set_dicts_as_given(cfg, overrides: list[str]) -> None:
+    """Hydra merges a `key={...}` override into the mapping a recipe set (`experiment=smollm2_sft
+    env.task=leg_counting env.task_config={min_animals:1}` would keep the recipe's chain_sum options): set each
+    free-form mapping the command line names to exactly what it says."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    keys = free_form_dicts()
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group.lstrip("+~")
+        if key in keys and not override.is_sweep_override() and isinstance(override.value(), dict):
+            OmegaConf.update(cfg, key, override.value(), merge=False)
+
+
 def check_overrides(args: list[str]) -> None:
     """Raise ConfigError for an unknown group option or config key in Hydra-style overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser

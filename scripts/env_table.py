@@ -109,6 +109,9 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=12800, help="GRPO training samples per run")
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--variants", default="", help="GRPO variants beside the preset, name=override;override;... "
+                   "(e.g. pool=rollout.pool.enabled=true;env.train_size=800): each its own runs from the same SFT "
+                   "model, s<seed>-<name>, and its own rows in the table")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
@@ -126,11 +129,17 @@ def main() -> None:
         out = root / "envs" / row / "sft"
         return out, rlft + ["train", "algo=sft", f"run.dir={out}", *ROWS[row], *common]
 
-    def grpo(row, seed):
-        out = root / "envs" / row / f"s{seed}"
+    variants = {"": []}
+    for spec in filter(None, args.variants.split(",")):
+        name, _, extra = spec.partition("=")
+        variants[name] = [o for o in extra.split(";") if o]
+
+    def grpo(row, seed, variant=""):
+        out = root / "envs" / row / (f"s{seed}" + (f"-{variant}" if variant else ""))
         return out, rlft + ["train", "algo=grpo", f"run.dir={out}",
                             f"model.path={root / 'envs' / row / 'sft' / 'final'}",
-                            f"seed={seed}", f"train.max_samples={args.budget}", *ROWS[row], *common]
+                            f"seed={seed}", f"train.max_samples={args.budget}", *ROWS[row], *common,
+                            *variants[variant]]
 
     def evaluate(row, name, model):
         return rlft + ["eval", f"model.path={model}", f"eval.tag={row}-{name}", *ROWS[row], *evals, *common]
@@ -151,13 +160,14 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda r: stage(*sft(r)), rows))
         jobs = [pool.submit(evaluated, r, "sft", sft(r)[0] / "final") for r in rows]
-        jobs += [pool.submit(lambda r, s: (stage(*grpo(r, s)), evaluated(r, f"s{s}", grpo(r, s)[0] / "final")), r, s)
-                 for r in rows for s in seeds]
+        jobs += [pool.submit(lambda r, s, v: (stage(*grpo(r, s, v)), evaluated(r, grpo(r, s, v)[0].name,
+                                                                               grpo(r, s, v)[0] / "final")), r, s, v)
+                 for r in rows for s in seeds for v in variants]
         for j in jobs:
             j.result()
     if args.dry_run:
         return
-    write_table(root, rows, seeds)
+    write_table(root, rows, seeds, list(variants))
 
 
 def figures(root: Path, row: str, name: str) -> dict:
@@ -177,21 +187,26 @@ def cell(values: list, scale: float = 100.0, digits: int = 1) -> str:
     return f"{mean:.{digits}f}" + (f" ± {statistics.stdev(values) * scale:.{digits}f}" if len(values) > 1 else "")
 
 
-def write_table(root: Path, rows: list[str], seeds: list[int]) -> None:
+def write_table(root: Path, rows: list[str], seeds: list[int], variants: list[str] = ("",)) -> None:
     head = "| env | model | greedy % | pass@8 % | maj@8 % | tool use % | arithmetic slips % of lines | gain over SFT |"
     lines = [head, "|" + "---|" * 8]
     csv = ["env,model,greedy,pass@8,maj@8,tool_use,slips"]
     for row in rows:
         base = figures(root, row, "sft")
-        runs = [figures(root, row, f"s{s}") for s in seeds]
         lines.append(f"| {row} | SFT | {cell([base['greedy']])} | {cell([base['pass@8']])} | {cell([base['maj@8']])} | "
                      f"{cell([base['tool_use']])} | {cell([base['slips']])} | |")
-        gains = [r["greedy"] - base["greedy"] for r in runs]
-        lines.append(f"| {row} | GRPO ({len(seeds)} seeds) | {cell([r['greedy'] for r in runs])} | "
-                     f"{cell([r['pass@8'] for r in runs])} | {cell([r['maj@8'] for r in runs])} | "
-                     f"{cell([r['tool_use'] for r in runs])} | {cell([r['slips'] for r in runs])} | "
-                     f"{cell(gains)} |")
-        for name, f in [("sft", base)] + [(f"s{s}", r) for s, r in zip(seeds, runs)]:
+        named = []
+        for variant in variants:
+            names = [f"s{s}" + (f"-{variant}" if variant else "") for s in seeds]
+            runs = [figures(root, row, n) for n in names]
+            named += list(zip(names, runs))
+            gains = [r["greedy"] - base["greedy"] for r in runs]
+            label = f"GRPO{f' {variant}' if variant else ''} ({len(seeds)} seeds)"
+            lines.append(f"| {row} | {label} | {cell([r['greedy'] for r in runs])} | "
+                         f"{cell([r['pass@8'] for r in runs])} | {cell([r['maj@8'] for r in runs])} | "
+                         f"{cell([r['tool_use'] for r in runs])} | {cell([r['slips'] for r in runs])} | "
+                         f"{cell(gains)} |")
+        for name, f in [("sft", base)] + named:
             csv.append(",".join([row, name] + ["" if f[k] is None else f"{f[k]:.4f}"
                                                for k in ("greedy", "pass@8", "maj@8", "tool_use", "slips")]))
     (root / "env_table.md").write_text("\n".join(lines) + "\n")

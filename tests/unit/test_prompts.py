@@ -142,3 +142,14 @@ def test_the_experience_builds_the_configured_prompt_source():
     assert len(rows) == 8 and all(r["_entry"][1] == "level0" for r in rows)
     assert all(len(n) == 1 for r in rows for n in r["prompt"].split("problem: ")[1].split(" =")[0].split()[::2])
     assert env.score(rows[0], f"#### {rows[0]['answer']}").correct  # level rows are scored by their own entries
+
+
+def test_a_task_config_on_the_command_line_replaces_the_recipes():
+    """experiment=smollm2_* sets chain_sum's options; another task's options replace them, not join them."""
+    from rlft.overrides import set_dicts_as_given
+
+    overrides = ["experiment=smollm2_sft", "env.task=leg_counting", "env.task_config={min_animals:1,max_animals:2}"]
+    cfg = compose_config(*overrides[:2], "++env.task_config={min_animals:1,max_animals:2}")
+    assert "min_terms" in cfg.env.task_config  # what Hydra alone composes
+    set_dicts_as_given(cfg, overrides)
+    assert dict(cfg.env.task_config) == {"min_animals": 1, "max_animals": 2}
