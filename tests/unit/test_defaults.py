@@ -76,7 +76,7 @@ def test_explicit_values_win_and_a_table_micro_batch_fits_the_step():
     cfg = validated("algo=p3o", "rollout.prompts_per_step=6")  # 12 sequences: a pair never splits
     assert cfg.train.micro_batch_per_device % 2 == 0 and 12 % cfg.train.micro_batch_per_device == 0
     recipe = validated("experiment=smollm2_grpo")
-    assert (recipe.train.lr, recipe.rollout.prompts_per_step, str(recipe.train.lr_schedule)) == (2e-6, 8, "constant")
+    assert (recipe.train.lr, recipe.rollout.prompts_per_step, str(recipe.train.lr_schedule)) == (2e-6, 16, "constant")
 
 
 def test_a_resume_takes_unset_values_from_its_checkpoint():
