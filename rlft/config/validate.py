@@ -27,6 +27,8 @@ def validate(cfg, recorded: Optional[dict] = None) -> dict[str, str]:
     ConfigError with a one-line fix. Returns where each table-filled value came from. (Fixed string choices
     are `Choice` enums, which OmegaConf checks when the config is composed.)"""
     validate_run(cfg.run)
+    if algo_spec(cfg.algo).rl:
+        validate_rl_names(cfg.algo)  # the defaults table reads the registries' option lists by these names
     filled = fill(cfg, recorded, unread=lambda key: is_unread(cfg, key))
     derive(cfg)
     train, ds_opts = cfg.train, cfg.deepspeed
@@ -312,8 +314,18 @@ def check_builtin_only(cfg) -> None:
                           "with other data use a PRM (reward.process=prm)")
 
 
-def validate_rl(cfg) -> None:
+def validate_rl_names(algo) -> None:
     from rlft.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES
+
+    for key, registry in [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
+                          ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)]:
+        _check_choice(f"algo.{key}", getattr(algo, key), registry.names())
+    if algo.pairwise_loss is not None:
+        _check_choice("algo.pairwise_loss", algo.pairwise_loss, PAIRWISE_LOSSES.names())
+
+
+def validate_rl(cfg) -> None:
+    from rlft.algos import ADVANTAGES, PAIRWISE_LOSSES
 
     algo, rollout, world = cfg.algo, cfg.rollout, cfg.deepspeed.nproc_per_node * cfg.deepspeed.nnodes
     if algo.kl_coef < 0:
@@ -321,11 +333,7 @@ def validate_rl(cfg) -> None:
     if rollout.max_staleness and rollout.dynamic_sampling:
         raise ConfigError("rollout.dynamic_sampling=true samples again within a rollout from the current weights, "
                           "which asynchronous sampling (rollout.max_staleness > 0) does not; use one of them")
-    for key, registry in [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
-                          ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)]:
-        _check_choice(f"algo.{key}", getattr(algo, key), registry.names())
     if algo.pairwise_loss is not None:
-        _check_choice("algo.pairwise_loss", algo.pairwise_loss, PAIRWISE_LOSSES.names())
         if not PAIRWISE_LOSSES.needs(algo.pairwise_loss, "kl_coef") and algo.kl_coef != 0:
             raise ConfigError(f"algo.kl_coef={algo.kl_coef} is set but never used: algo.pairwise_loss="
                               f"{algo.pairwise_loss} does not read it (its KL strength is pairwise.beta); set 0")
