@@ -139,7 +139,7 @@ def test_the_experience_builds_the_configured_prompt_source():
     source = prompt_source(cfg, env, env.rows("train"))
     assert source.pool.revisit_after == 20 and source.curriculum.max_level == 1 and source.level == 0
     rows = source.select(0)
-    assert len(rows) == 8 and all(r["_entry"][1] == "level0" for r in rows)
+    assert len(rows) == cfg.rollout.prompts_per_step and all(r["_entry"][1] == "level0" for r in rows)
     assert all(len(n) == 1 for r in rows for n in r["prompt"].split("problem: ")[1].split(" =")[0].split()[::2])
     assert env.score(rows[0], f"#### {rows[0]['answer']}").correct  # level rows are scored by their own entries
 
