@@ -45,6 +45,7 @@ def setup():
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)).eval()
     cfg = OmegaConf.structured(Config)
     cfg.rollout.engine = "vllm"
+    cfg.rollout.max_new_tokens = 48  # what the defaults table fills in a run
     engine, why = build_engine(cfg, Frozen(model), tok, torch.device("cpu"), seed=0)
     cfg.rollout.engine = "hf"
     cfg.rollout.batch_size = 8
