@@ -24,7 +24,7 @@ its tuning: 60 rollouts of 8 prompts x 8 samples). Per seed: SFT (seed s) -> eac
 model (seed s); the base model is evaluated once. Every model is evaluated on the row's held-out problems
 (greedy, pass@4).
 
-Runs go to runs/<run>/<row>/{sft,grpo,online_rft}_s<seed>/, evaluations to
+Runs go to runs/<run>/<row>/<algo>_s<seed>/, evaluations to
 runs/<run>/eval/<row>-<name>/; finished ones are not redone. Writes runs/<run>/smollm2_table.{md,csv}
 with each run's wall time. RL models are also paired with their own seed's SFT model problem by
 problem: problems fixed and broken, summed over seeds, and a one-sided sign test on them.
