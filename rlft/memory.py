@@ -24,9 +24,13 @@ and, per phase, what exists only for a while:
                  sub-group of deepspeed.zero3_sub_group_elements at a time)
     training     activations (without checkpointing: every layer's saved tensors, about
                  11 hidden + 4 intermediate values per token; with it: one hidden vector per layer and
-                 token, plus one layer's tensors while it is recomputed), the LM head's fp32 logits of the
-                 micro-batch's loss tokens and their gradient, and two temporaries of one log-softmax chunk
-                 (4 x tokens x vocab x 4 bytes up to rlft.rollout.logprobs.CHUNK_BYTES)
+                 token, plus one layer's tensors while it is recomputed) and the LM head's logits: one
+                 chunk of train.logit_chunk_tokens loss tokens at a time (rlft/rollout/lm_head.py: the
+                 chunk's logits, their fp32 copy, the softmax temporaries and, in the backward's
+                 recompute, their gradients: (2 x weight bytes + 16) x chunk x vocab); with
+                 logit_chunk_tokens=0 the micro-batch's fp32 logits and their gradient, and two
+                 temporaries of one log-softmax chunk (4 x tokens x vocab x 4 bytes up to
+                 rlft.rollout.logprobs.CHUNK_BYTES)
     export       rank 0 gathers (ZeRO-3) or merges (LoRA) a full copy of the weights to write final/ (host
                  memory: counts only on a CPU run)
 
@@ -108,6 +112,7 @@ class Setup:
     activation_checkpointing: bool = False
     micro_batch_tokens: int = 0  # positions of one training micro-batch (sequences x padded length)
     loss_tokens: int = 0  # of those, the ones whose logits are computed (responses)
+    logit_chunk_tokens: int = 1024  # train.logit_chunk_tokens: loss tokens whose logits exist at once (0: all)
     generate_sequences: int = 0  # sequences generated at once (0: no generation, e.g. SFT)
     generate_positions: int = 0  # prompt + new tokens of each
     zero3_sub_group_elements: int = 10**9  # ZeRO-3 optimizer-step sub-group (deepspeed.zero3_sub_group_elements)
@@ -179,9 +184,13 @@ def estimate(shape: Shape, s: Setup, cpu: bool = False, rank0: bool = True) -> E
             acts = s.micro_batch_tokens * (shape.layers * shape.hidden * wb + per_layer)
         else:
             acts = s.micro_batch_tokens * shape.layers * per_layer
-        logits = s.loss_tokens * shape.vocab * 4
+        if s.logit_chunk_tokens:
+            head = min(s.loss_tokens, s.logit_chunk_tokens) * shape.vocab * (2 * wb + 16)
+        else:
+            logits = s.loss_tokens * shape.vocab * 4
+            head = 2 * logits + 2 * min(logits, CHUNK_BYTES)
         gathered_layer = (P - shape.vocab * shape.hidden) / shape.layers * wb if z == 3 else 0.0
-        est.phases["training"] = acts + 2 * logits + 2 * min(logits, CHUNK_BYTES) + gathered_layer
+        est.phases["training"] = acts + head + gathered_layer
     if cpu and rank0:  # rank 0 gathers (ZeRO-3) or merges (LoRA) a full copy to write final/; on a GPU run it is host memory
         est.phases["export"] = P * wb * (1 if z == 3 else 0) + (P * wb if lora else 0)
     return est

@@ -77,6 +77,11 @@ class TrainConfig:
     cache, reused by the group's completions) in the update and in the old and reference log-prob passes: on
     short completions after a long prompt most of the compute goes (docs/performance.md). The same log-probs
     and gradients up to floating-point order. Not with train.packing."""
+    logit_chunk_tokens: int = 1024
+    """Tokens whose logits exist at once in the training and scoring forwards: they stop at the final hidden
+    states and the LM head, log-softmax and entropy run a chunk of tokens at a time, only at the tokens that
+    carry loss, each chunk recomputed in the backward (rlft/rollout/lm_head.py, docs/performance.md). 0: the
+    model's own logits, all positions at once."""
     log_every: Optional[int] = None
     """Log metrics every this many optimizer steps (null: the defaults table)."""
     save_every: Optional[int] = None

@@ -107,7 +107,7 @@ def recorded_config(stage_dir: Path) -> dict | None:
 
 # Keys that do not change what is trained: free to differ on resume (max_steps may grow to extend a run).
 RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.max_samples",
-               "train.log_every", "train.save_every",
+               "train.log_every", "train.save_every", "train.logit_chunk_tokens",
                "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite_steps", "train.save_on_signal",
                "logger", "eval", "run.objective", "run.dir", "deepspeed.threads_per_rank", "deepspeed.master_addr",
                "deepspeed.master_port", "algo.eval_every", "algo.eval_problems", "rollout.vllm.gpu_memory_utilization",

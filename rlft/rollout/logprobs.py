@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlft.rollout.lm_head import chunk_tokens_of, entropy_of, head_logp, hidden_forward, truncate
 
 CHUNK_BYTES = 2**29  # fp32 logits upcast at a time by selective_logp and the entropy (512 MiB)
 
@@ -43,7 +44,8 @@ def response_start(mask: torch.Tensor) -> int:
 
 def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int = 0,
                    temperature: float = 1.0) -> torch.Tensor:
-    """Next-token logits [B, L-1-start] for target columns start..L-2 (positions start..L-2).
+    """The model's own next-token logits [B, L-1-start] for target columns start..L-2 (positions start..L-2),
+    all at once (train.logit_chunk_tokens=0; token_logp's default path never makes them).
 
     The LM head runs only on those positions (`logits_to_keep`), which on a large vocabulary
     saves the prompt's share of its time and of the logits' memory."""
@@ -52,6 +54,13 @@ def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                    **kwargs).logits[:, -keep:][:, :-1]
     return logits / temperature if temperature != 1.0 else logits
+
+
+def forward_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Final hidden states [B, L-1-start, H] at positions start..L-2: what the LM head turns into the logits
+    of target columns start..L-2 (lm_head.hidden_forward)."""
+    hidden, _ = hidden_forward(model, input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return hidden[:, start:-1]
 
 
 def prompt_runs(input_ids: torch.Tensor, prompt_lens: list[int]) -> list[int]:
@@ -66,16 +75,19 @@ def prompt_runs(input_ids: torch.Tensor, prompt_lens: list[int]) -> list[int]:
     return counts
 
 
-def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lens: list[int],
-                         start: int = 0, temperature: float = 1.0) -> torch.Tensor:
-    """`forward_logits` of right-padded prompt + completion rows, each distinct prompt run once.
+def shared_prompt_states(forward, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lens: list[int],
+                         start: int = 0) -> torch.Tensor:
+    """Per-position states [B, L-1-start, D] of right-padded prompt + completion rows (column c: what predicts
+    token c + 1), each distinct prompt run once; `forward(**inputs)` gives (states [b, t, D], the model's
+    output): the model's logits or its final hidden states.
 
     Rows whose prompt is the same (a group's G completions) share one forward of that prompt: its keys and
     values (transformers' KV cache, gradients flowing through it) are repeated for each of its rows, and the
-    completions run after them at their own positions. The logit that predicts a completion's first token is
+    completions run after them at their own positions. The state that predicts a completion's first token is
     the prompt's last; the others come from the completion forward. On a short completion after a long
     prompt this computes about 1/G of the positions. Columns before a row's last prompt position (prompt
-    targets, never in a response mask) are 0. Equal to forward_logits up to floating-point order."""
+    targets, never in a response mask) are 0. Equal to one forward of the whole rows up to floating-point
+    order."""
     from transformers import DynamicCache
 
     dev, (B, L) = input_ids.device, input_ids.shape
@@ -87,9 +99,9 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
     prompt_mask = (torch.arange(width, device=dev)[None] < p_len[:, None]).long()
     prompt_ids = input_ids[heads, :width] * prompt_mask
     cache = DynamicCache()  # its layers are made as the prompt forward fills them
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, use_cache=True)
+    states, out = forward(input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, use_cache=True)
     expand = torch.repeat_interleave(torch.arange(len(counts), device=dev), torch.tensor(counts, device=dev))
-    last = out.logits[torch.arange(len(counts), device=dev), p_len - 1][expand]  # [B, V]: predicts token p
+    last = states[torch.arange(len(counts), device=dev), p_len - 1][expand]  # [B, D]: predicts token p
     cache = out.past_key_values
     cache.batch_select_indices(expand)
     tail = int((L - lens).max())  # the longest completion part (to the padded width)
@@ -99,42 +111,91 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
     comp_ids = input_ids.gather(1, cols) * inside
     comp_mask = attention_mask.gather(1, cols) * inside
     full_mask = torch.cat([prompt_mask[expand], comp_mask.long()], 1)
-    comp = model(input_ids=comp_ids, attention_mask=full_mask, position_ids=lens[:, None] + offsets,
-                 past_key_values=cache, use_cache=False).logits  # [B, tail, V]: predicts token p + j + 1
+    comp, _ = forward(input_ids=comp_ids, attention_mask=full_mask, position_ids=lens[:, None] + offsets,
+                      past_key_values=cache, use_cache=False)  # [B, tail, D]: predicts token p + j + 1
     source = torch.cat([last[:, None], comp], 1)  # index k predicts token p + k (target column p - 1 + k)
     target_cols = torch.arange(start, L - 1, device=dev)[None]
     k = target_cols - (lens[:, None] - 1)
     valid = (k >= 0) & (k <= tail)
     picked = source.gather(1, k.clamp(0, tail)[..., None].expand(-1, -1, source.shape[-1]))
-    logits = picked * valid[..., None]
+    return picked * valid[..., None]
+
+
+def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lens: list[int],
+                         start: int = 0, temperature: float = 1.0) -> torch.Tensor:
+    """`forward_logits` with each distinct prompt run once (`shared_prompt_states` of the model's logits)."""
+    def forward(**inputs):
+        out = model(**inputs)
+        return out.logits, out
+    logits = shared_prompt_states(forward, input_ids, attention_mask, prompt_lens, start)
     return logits / temperature if temperature != 1.0 else logits
 
 
-def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               temperature: float = 1.0, start: int = 0, prompt_lens: list[int] | None = None) -> torch.Tensor:
-    """Log-probs [B, L-1] of input_ids[:, 1:] under `model` (grad flows if enabled); columns
-    before `start` (prompt only) are left at 0 without computing their logits. With `prompt_lens`, each
-    distinct prompt runs once (`shared_prompt_logits`).
+def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
+               start: int = 0, prompt_lens: list[int] | None = None, mask: torch.Tensor | None = None,
+               extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0):
+    """Log-probs [B, L-1] of input_ids[:, 1:] under `model` (grad flows if enabled); columns before `start`
+    (prompt only) and, with a target-aligned `mask` [B, L-1], the columns outside it are left at 0 without
+    computing their logits. With `prompt_lens`, each distinct prompt runs once (`shared_prompt_states`).
+    `extras` (lm_head.EXTRAS) add [B, L-1] fp32 tensors without grad; then the result is (log-probs, {name:
+    tensor}).
 
-    `temperature` divides the logits as sampling did, so old/ref/current log-probs all refer
-    to the same distribution the tokens were drawn from."""
-    logits = forward_logits(model, input_ids, attention_mask, start, temperature) if prompt_lens is None else \
-        shared_prompt_logits(model, input_ids, attention_mask, prompt_lens, start, temperature)
-    logp = selective_logp(logits, input_ids[:, start + 1:])
-    if start == 0:
-        return logp
-    return torch.cat([logp.new_zeros(logp.shape[0], start), logp], 1)
+    The LM head runs a chunk of tokens at a time (lm_head.head_logp; train.logit_chunk_tokens=0: the model's
+    own logits, all at once). `temperature` divides the logits and `top_k`/`top_p` truncate them as sampling
+    did (lm_head.truncate), so old/ref/current log-probs all refer to the distribution the tokens were drawn
+    from."""
+    B, L = input_ids.shape
+    targets = input_ids[:, start + 1:]
+    if chunk_tokens_of(model) == 0:
+        logits = forward_logits(model, input_ids, attention_mask, start, temperature) if prompt_lens is None else \
+            shared_prompt_logits(model, input_ids, attention_mask, prompt_lens, start, temperature)
+        if top_k > 0 or top_p < 1.0:
+            logits = truncate(logits.float().flatten(0, 1), targets.flatten(), top_k, top_p).view(logits.shape)
+        logp, more = selective_logp(logits, targets), logits_extras(logits.detach(), targets, extras)
+        if mask is not None:
+            keep = mask[:, start:].to(logp.dtype)
+            logp, more = logp * keep, {name: value * keep for name, value in more.items()}
+    else:
+        if prompt_lens is None:
+            hidden = forward_hidden(model, input_ids, attention_mask, start)
+        else:
+            hidden = shared_prompt_states(lambda **inputs: hidden_forward(model, **inputs), input_ids, attention_mask,
+                                          prompt_lens, start)
+        where = (mask[:, start:] if mask is not None else torch.ones_like(targets)).bool().nonzero(as_tuple=True)
+        picked = head_logp(model, hidden[where], targets[where], temperature, extras, top_k=top_k, top_p=top_p)
+        picked, more = picked if extras else (picked, {})
+        logp = picked.new_zeros(B, L - 1 - start).index_put(where, picked)
+        more = {name: picked.new_zeros(B, L - 1 - start).index_put(where, value) for name, value in more.items()}
+    if start > 0:
+        logp = torch.cat([logp.new_zeros(B, start), logp], 1)
+        more = {name: torch.cat([value.new_zeros(B, start), value], 1) for name, value in more.items()}
+    return (logp, more) if extras else logp
+
+
+def logits_extras(logits: torch.Tensor, targets: torch.Tensor, extras: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """lm_head.EXTRAS of whole logits [..., V] (no grad), a CHUNK_BYTES of fp32 rows at a time."""
+    out = {}
+    with torch.no_grad():
+        if "entropy" in extras:
+            rows = chunk_rows(logits)
+            out["entropy"] = torch.cat([entropy_of(lg.float(), torch.logsumexp(lg.float(), -1))
+                                        for lg in logits.split(rows)])
+        if "top1" in extras:
+            out["top1"] = (logits.argmax(-1) == targets).float()
+    return out
 
 
 @torch.no_grad()
 def batched_token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batch: int,
-                       temperature: float = 1.0, mask: torch.Tensor | None = None) -> torch.Tensor:
+                       temperature: float = 1.0, mask: torch.Tensor | None = None, top_k: int = 0,
+                       top_p: float = 1.0) -> torch.Tensor:
     """token_logp over a large batch in micro-batches, no grad (old and reference log-probs).
-    With the response `mask`, each micro-batch skips the logits of its all-prompt columns."""
+    With the response `mask`, each micro-batch computes log-probs only there (0 elsewhere)."""
     out = []
     for k, (ids, attn) in enumerate(zip(input_ids.split(micro_batch), attention_mask.split(micro_batch))):
-        start = response_start(mask[k * micro_batch:(k + 1) * micro_batch]) if mask is not None else 0
-        out.append(token_logp(model, ids, attn, temperature, start))
+        part = mask[k * micro_batch:(k + 1) * micro_batch] if mask is not None else None
+        start = response_start(part) if part is not None else 0
+        out.append(token_logp(model, ids, attn, temperature, start, mask=part, top_k=top_k, top_p=top_p))
     return torch.cat(out)
 
 
@@ -163,7 +224,7 @@ def padding_fraction(attention_mask: torch.Tensor) -> float:
 
 
 def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
-                temperature: float = 1.0, extras: tuple[str, ...] = ()):
+                temperature: float = 1.0, extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0):
     """Per-token log-probs [B, L-1] (target-aligned, 0 outside `mask`) from one packed forward: no
     padding is computed, and the LM head runs only where the target is a masked (response) token.
     Equal to `token_logp` on the padded batch up to floating-point order. `extras` adds, no grad,
@@ -174,23 +235,23 @@ def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
     same_row = p.rows[1:] == p.rows[:-1]  # token j+1 continues the sequence of token j
     target_col = p.cols[:-1].clamp(max=L - 2)
     keep = (same_row & mask.bool()[p.rows[:-1], target_col]).nonzero().squeeze(1)
-    logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False,
-                   logits_to_keep=keep).logits[0]  # [K, V]
-    if temperature != 1.0:
-        logits = logits / temperature
     targets = p.input_ids[0, keep + 1]
-    picked = selective_logp(logits.unsqueeze(1), targets.unsqueeze(1)).squeeze(1)
+    inputs = dict(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False)
+    if chunk_tokens_of(model) == 0:
+        logits = model(**inputs, logits_to_keep=keep).logits[0]  # [K, V]
+        if temperature != 1.0:
+            logits = logits / temperature
+        if top_k > 0 or top_p < 1.0:
+            logits = truncate(logits.float(), targets, top_k, top_p)
+        picked = selective_logp(logits.unsqueeze(1), targets.unsqueeze(1)).squeeze(1)
+        more = logits_extras(logits.detach(), targets, extras)
+    else:
+        hidden, _ = hidden_forward(model, **inputs)
+        picked = head_logp(model, hidden[0, keep], targets, temperature, extras, top_k=top_k, top_p=top_p)
+        picked, more = picked if extras else (picked, {})
     where = (p.rows[keep], p.cols[keep])
     logp = torch.zeros(B, L - 1, dtype=picked.dtype, device=picked.device).index_put(where, picked)
     if not extras:
         return logp
-    out = {name: torch.zeros(B, L - 1, dtype=torch.float32, device=picked.device) for name in extras}
-    step = chunk_rows(logits.unsqueeze(1))  # fp32 rows at a time, as selective_logp
-    with torch.no_grad():
-        for chunk, tg, r, c in zip(logits.split(step), targets.split(step), where[0].split(step), where[1].split(step)):
-            if "entropy" in out:
-                lp = torch.log_softmax(chunk.float(), -1)
-                out["entropy"][r, c] = -(lp.exp() * lp).sum(-1)
-            if "top1" in out:
-                out["top1"][r, c] = (chunk.argmax(-1) == tg).float()
-    return logp, out
+    return logp, {name: torch.zeros(B, L - 1, dtype=torch.float32, device=picked.device).index_put(where, value)
+                  for name, value in more.items()}

@@ -39,7 +39,7 @@ def pair_logps(model, examples: list[dict], pad_id: int, device, packed: bool = 
     if packed:
         logp = packed_logp(model, ids.to(device), attn.to(device), mask)
     else:
-        logp = token_logp(model, ids.to(device), attn.to(device))
+        logp = token_logp(model, ids.to(device), attn.to(device), mask=mask)
     s = (logp * mask).sum(-1)
     lengths = mask.sum(-1)
     n = len(examples)

@@ -81,7 +81,7 @@ def reuses_rollout(algo) -> bool:
 
 @torch.no_grad()
 def rollout_logp(model, ro: rb.Rollout, micro: int, temperature: float, packed: bool = False,
-                 max_tokens: int = 0, share_prompt: bool = False) -> torch.Tensor:
+                 max_tokens: int = 0, share_prompt: bool = False, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Per-token log-probs [N, L-1] of the rollout's sequences under `model` (old or reference),
     forward by forward (`micro` rows, or the token budget `max_tokens`), each trimmed to its longest
     row with logits from its first response column on (`packed`: one padding-free forward each,
@@ -94,10 +94,10 @@ def rollout_logp(model, ro: rb.Rollout, micro: int, temperature: float, packed: 
         ids, attn = ro.input_ids[rows, :width].to(dev), ro.attention_mask[rows, :width].to(dev)
         mask = ro.mask[rows, :width - 1].to(dev)
         if packed:
-            logp = packed_logp(model, ids, attn, mask, temperature)
+            logp = packed_logp(model, ids, attn, mask, temperature, top_k=top_k, top_p=top_p)
         else:
             logp = token_logp(model, ids, attn, temperature, response_start(mask),
-                              rb.prompt_lens_of(ro, rows) if share_prompt else None)
+                              rb.prompt_lens_of(ro, rows) if share_prompt else None, mask, top_k=top_k, top_p=top_p)
         out[rows, :width - 1] = logp.float().to(out.device)
     return out
 
@@ -367,15 +367,16 @@ class Experience:
         (None: all)."""
         keep, needs = None, self.needs
         with self.timed("logprobs"):
-            train, temperature = self.cfg.train, self.cfg.rollout.temperature
+            train, rollout = self.cfg.train, self.cfg.rollout
             micro, budget = train.micro_batch_per_device, train.max_tokens_per_micro_batch
-            shared = bool(train.share_prompt)
+            # the distribution the engine sampled from: temperature, then its top-k and top-p truncation
+            how = dict(packed=train.packing, max_tokens=budget, share_prompt=bool(train.share_prompt),
+                       top_k=int(rollout.top_k), top_p=float(rollout.top_p))
             if "old_logp" in needs:
-                ro.put(old_logp=rollout_logp(self.policy, ro, micro, temperature, train.packing, budget, shared))
+                ro.put(old_logp=rollout_logp(self.policy, ro, micro, rollout.temperature, **how))
             if "ref_logp" in needs:
-                ro.put(ref_logp=rollout_logp(self.reference, ro, micro, temperature, train.packing, budget, shared))
+                ro.put(ref_logp=rollout_logp(self.reference, ro, micro, rollout.temperature, **how))
             if "old_logp" in needs and ro.sampler_logp is not None:  # engine vs trainer: mismatch, correction
-                rollout = self.cfg.rollout
                 engine_logp = rb.target_aligned(ro.sampler_logp, ro.prompt_lens, ro.mask.shape[1])
                 weight, keep, measured = IS_CORRECTIONS.get(self.is_correction)(
                     ro.get("old_logp"), engine_logp, ro.mask, ISConfig(rollout.is_level, rollout.is_cap))

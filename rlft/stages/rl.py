@@ -59,9 +59,17 @@ class BaseModel:
     def device(self) -> torch.device:
         return self.policy.device
 
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.policy.module
+
     def __call__(self, *args, **kwargs):
         with self.policy.adapter_disabled():
             return self.policy(*args, **kwargs)
+
+    def head_context(self):
+        """What the LM head runs under when called outside the forward (rlft/rollout/lm_head.py)."""
+        return self.policy.adapter_disabled()
 
 
 class KL:

@@ -14,7 +14,7 @@ from rlft import dist
 from rlft.data.encode import collate_padded, pad_to
 from rlft.files import handoff
 from rlft.models import load_model, load_tokenizer
-from rlft.rollout.logprobs import forward_logits, packed_logp, response_start, selective_logp
+from rlft.rollout.logprobs import packed_logp, response_start, token_logp
 from rlft.stages import common, inputs
 from rlft.trainer import Trainer
 
@@ -33,18 +33,11 @@ def sft_loss(trainer: Trainer, examples: list[dict], num_tokens_global: float, p
     target_mask = mask[:, 1:].float()
     if packed:
         logp, extra = packed_logp(trainer, ids, attn, target_mask, extras=("top1",))
-        nll_sum = -(logp * target_mask).sum()
-        correct = (extra["top1"] * target_mask).sum()
-    else:
-        # logits only from the first response column on, their fp32 log-softmax a chunk of rows at a time
-        start = response_start(target_mask)
-        logits = forward_logits(trainer, ids, attn, start)
-        logp = torch.cat([logits.new_zeros(len(ids), start, dtype=torch.float32),
-                          selective_logp(logits, ids[:, start + 1:])], 1)
-        nll_sum = -(logp * target_mask).sum()
-        with torch.no_grad():
-            top1 = (logits.argmax(-1) == ids[:, start + 1:]).float()
-        correct = (top1 * target_mask[:, start:]).sum()
+    else:  # the LM head only at response tokens, a chunk at a time
+        logp, extra = token_logp(trainer, ids, attn, start=response_start(target_mask), mask=target_mask,
+                                 extras=("top1",))
+    nll_sum = -(logp * target_mask).sum()
+    correct = (extra["top1"] * target_mask).sum()
     count = target_mask.sum()
     stats = {"loss": (nll_sum.item(), count.item()), "token_acc": (correct.item(), count.item())}
     return nll_sum / num_tokens_global, stats

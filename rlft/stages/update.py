@@ -23,8 +23,7 @@ from rlft.algos.value import value_loss
 from rlft.microbatch import rollout_groups
 from rlft.models import token_scores
 from rlft.rollout import batch as rb
-from rlft.rollout.logprobs import (chunk_rows, forward_logits, packed_logp, padding_fraction, response_start,
-                                   selective_logp, shared_prompt_logits)
+from rlft.rollout.logprobs import packed_logp, padding_fraction, response_start, token_logp
 from rlft.stages.common import Sums
 
 
@@ -41,13 +40,15 @@ class Shape:
     max_tokens: int = 0
     packed: bool = False
     share_prompt: bool = False  # each distinct prompt of a forward runs once (train.share_prompt)
+    top_k: int = 0  # the sampler's truncation, replayed on the log-probs (lm_head.truncate)
+    top_p: float = 1.0
 
     @classmethod
     def of(cls, cfg) -> "Shape":
         train, rollout = cfg.train, cfg.rollout
         return cls(cfg.algo, rollout.samples_per_prompt, rollout.temperature, rollout.max_new_tokens,
                    train.micro_batch_per_device, train.max_tokens_per_micro_batch, train.packing,
-                   bool(train.share_prompt))
+                   bool(train.share_prompt), int(rollout.top_k), float(rollout.top_p))
 
 
 class Update:
@@ -78,20 +79,21 @@ def micro_inputs(ro: rb.Rollout, rows, device) -> tuple:
     return ids, attn, cols, ro.mask[rows, cols].to(device)
 
 
-def micro_forward(policy, ro: rb.Rollout, rows, temperature: float, packed: bool = False, share_prompt: bool = False):
+def micro_forward(policy, ro: rb.Rollout, rows, temperature: float, packed: bool = False, share_prompt: bool = False,
+                  top_k: int = 0, top_p: float = 1.0):
     """One micro-batch through the policy (with grad): (ids, attention mask, cols, response mask, token
     entropy (no grad), per-token log-probs), as `micro_inputs`. `packed`: one padding-free forward
-    (train.packing); `share_prompt`: each distinct prompt once (train.share_prompt); the same values."""
+    (train.packing); `share_prompt`: each distinct prompt once (train.share_prompt); the same values.
+    `temperature`, `top_k`, `top_p`: the distribution the tokens were sampled from."""
     ids, attn, cols, mask = micro_inputs(ro, rows, policy.device)
+    full_mask = ro.mask[rows, :ids.shape[1] - 1].to(policy.device)
     if packed:
-        full_mask = ro.mask[rows, :ids.shape[1] - 1].to(policy.device)
-        logp, extra = packed_logp(policy, ids, attn, full_mask, temperature, ("entropy",))
-        return ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
-    if share_prompt:
-        logits = shared_prompt_logits(policy, ids, attn, rb.prompt_lens_of(ro, rows), cols.start, temperature)
+        logp, extra = packed_logp(policy, ids, attn, full_mask, temperature, ("entropy",), top_k, top_p)
     else:
-        logits = forward_logits(policy, ids, attn, cols.start, temperature)
-    return ids, attn, cols, mask, entropy(logits.detach()), selective_logp(logits, ids[:, cols.start + 1:])
+        logp, extra = token_logp(policy, ids, attn, temperature, cols.start,
+                                 rb.prompt_lens_of(ro, rows) if share_prompt else None, full_mask, ("entropy",),
+                                 top_k, top_p)
+    return ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
 
 
 def epoch_rollout(ro: rb.Rollout, a, group_size: int, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
@@ -132,7 +134,7 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
         old_logp, ref_logp, is_weight = ro.get("old_logp"), ro.get("ref_logp"), ro.get("is_weight")
         for k, rows in enumerate(groups):
             ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed,
-                                                             shape.share_prompt)
+                                                             shape.share_prompt, shape.top_k, shape.top_p)
             add_padding(stats, attn, shape.packed)
             old = old_logp[rows, cols].to(dev) if old_logp is not None else None
             loss_tok, metrics = policy_loss(logp, old, adv[rows, cols].to(dev), mask, pl_cfg)
@@ -194,7 +196,7 @@ def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise,
         for k, rows in enumerate(groups):
             pl = rows[0::2] // 2  # rows (2j, 2j+1) are pair j
             ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed,
-                                                             shape.share_prompt)
+                                                             shape.share_prompt, shape.top_k, shape.top_p)
             add_padding(stats, attn, shape.packed)
             ref = ref_logp[rows, cols].to(dev) if ref_logp is not None else None
             batch = PairBatch(logp=logp, old_logp=old_logp[rows, cols].to(dev), mask=mask, ref_logp=ref,
@@ -217,17 +219,6 @@ def add_padding(stats: Sums, attention_mask: torch.Tensor, packed: bool) -> None
 
 def masked_sum_f(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum())
-
-
-def entropy(logits: torch.Tensor, rows_per_chunk: int | None = None) -> torch.Tensor:
-    """Token entropy [B, T] of the policy's distribution, a few rows at a time in fp32 (as many as
-    fit in logprobs.CHUNK_BYTES unless given)."""
-    out = []
-    for lg in logits.split(rows_per_chunk or chunk_rows(logits)):
-        lg = lg.float()
-        logp = lg - torch.logsumexp(lg, -1, keepdim=True)
-        out.append(-(logp.exp() * logp).sum(-1))
-    return torch.cat(out)
 
 
 def global_denominator(mask: torch.Tensor, max_len: int) -> AggDenominator:

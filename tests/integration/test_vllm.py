@@ -57,13 +57,13 @@ def setup():
     engine.close()  # vLLM's teardown, now: later at exit it would find the process groups gone
 
 
-def trainer_logp(model, tok, prompts, gens, temperature=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def trainer_logp(model, tok, prompts, gens, temperature=1.0, top_k=0, top_p=1.0) -> tuple[torch.Tensor, torch.Tensor]:
     from rlft.rollout import batch as rb
     from rlft.rollout.logprobs import batched_token_logp
 
     ids, attn, mask = rb.build_sequences([prompts[i] for i in gens.prompt_index], gens.completion_ids,
                                          tok.pad_token_id)
-    forced = batched_token_logp(model, ids, attn, 16, temperature)
+    forced = batched_token_logp(model, ids, attn, 16, temperature, mask, top_k, top_p)
     engine = rb.target_aligned(gens.logp, [len(prompts[i]) for i in gens.prompt_index], mask.shape[1])
     return (forced - engine) * mask, mask
 
@@ -85,6 +85,24 @@ def test_vllm_and_hf_agree_greedy_and_the_engines_log_probs_are_the_trainers(set
         assert len({tuple(c) for c in gens.completion_ids}) > 4  # the samples differ
         gap, mask = trainer_logp(model, tok, prompts, gens, temperature)
         assert mask.sum() > 40 and float(gap.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.9), (5, 1.0), (8, 0.8)])
+def test_truncated_sampling_log_probs_are_the_trainers_on_both_engines(setup, top_k, top_p):
+    """With top-p / top-k sampling both engines report log-probs of the truncated, renormalised distribution:
+    against the trainer's full softmax they are off by log S (S: the probability mass kept, the bias the loss
+    would carry), and the trainer replaying the same truncation (rollout.top_k / top_p) agrees with them."""
+    from rlft.rollout.generate import Sampling
+
+    tok, model, engine, hf, prompts = setup
+    engine.sync_weights(0)
+    sampling = Sampling(24, True, 0.8, top_p, top_k)
+    for gens in (engine.generate(prompts, 4, sampling, seed=5), hf.generate(prompts, 4, sampling)):
+        full, mask = trainer_logp(model, tok, prompts, gens, 0.8)
+        replayed, _ = trainer_logp(model, tok, prompts, gens, 0.8, top_k, top_p)
+        biased = full[mask.bool()]
+        assert mask.sum() > 40 and float(biased.max()) < 1e-5 and float(biased.mean()) < -0.05  # log S < 0
+        assert float(replayed.abs().max()) < 1e-5
 
 
 def test_multi_turn_trajectories_through_vllm_are_hfs_and_its_log_probs_the_trainers(setup):

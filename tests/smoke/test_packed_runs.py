@@ -1,7 +1,8 @@
 """train.packing on real runs: SFT, DPO and GRPO (scoring and update passes) trained with padding-free
 forwards follow the padded runs' curves and end at the same weights (up to floating-point order); the
 padding fraction of the update forwards is logged. Forwards cut by a token budget
-(train.max_tokens_per_micro_batch) end at the same weights too."""
+(train.max_tokens_per_micro_batch) end at the same weights too, and so do the padded runs that take the
+model's own logits instead of running the LM head a chunk at a time (train.logit_chunk_tokens=0)."""
 from __future__ import annotations
 
 import pytest
@@ -14,14 +15,16 @@ SMALL = ["train.batch_size=8", "train.micro_batch_per_device=4", "train.log_ever
          "train.lr=1e-2"]
 
 
-VARIANTS = {"false": ["train.packing=false"], "true": ["train.packing=true"],
+VARIANTS = {"false": ["train.packing=false", "train.logit_chunk_tokens=16"],  # the LM head over several chunks
+            "true": ["train.packing=true"],
             # packed forwards cut by a token budget instead of micro_batch_per_device
-            "tokens": ["train.packing=true", "train.max_tokens_per_micro_batch=200"]}
+            "tokens": ["train.packing=true", "train.max_tokens_per_micro_batch=200"],
+            "whole_logits": ["train.packing=false", "train.logit_chunk_tokens=0"]}
 
 
 def both(tmp_path, algo: str, *args) -> tuple[list[dict], list[dict], dict, dict]:
     """(padded metrics, packed metrics, padded weights, packed weights); the token-budget run is
-    checked against the packed one here."""
+    checked against the packed one here, the whole-logits one against the padded one."""
     out = {}
     for name, over in VARIANTS.items():
         d = f"runs/{RUN}/{algo}_{name}"
@@ -29,6 +32,7 @@ def both(tmp_path, algo: str, *args) -> tuple[list[dict], list[dict], dict, dict
         out[name] = (read_metrics(tmp_path / d), load_safetensors(tmp_path / d / "final"))
     (m_pad, w_pad), (m_pack, w_pack), (m_tok, w_tok) = out["false"], out["true"], out["tokens"]
     same_weights(w_pack, w_tok)
+    same_weights(w_pad, out["whole_logits"][1])
     forwards = [r["micro_batches"] for r in m_tok if "micro_batches" in r]
     assert forwards and forwards != [r["micro_batches"] for r in m_pack if "micro_batches" in r], forwards
     return m_pad, m_pack, w_pad, w_pack

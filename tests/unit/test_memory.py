@@ -83,7 +83,11 @@ def test_phases_and_peak():
     assert est.phases["generation"] == pytest.approx(kv + SMALL.params * 4 - est.parts["ZeRO-3 live parameters"])
     assert est.phases["optimizer step"] == pytest.approx(3 * 4 * SMALL.params / 2)
     logits = 100 * SMALL.vocab * 4
-    assert est.phases["training"] > 4 * logits
+    whole = memory.estimate(SMALL, memory.Setup(**{**s.__dict__, "logit_chunk_tokens": 0}))
+    assert whole.phases["training"] > 4 * logits  # the micro-batch's fp32 logits, their gradient, temporaries
+    chunked = memory.estimate(SMALL, memory.Setup(**{**s.__dict__, "logit_chunk_tokens": 25}))
+    assert whole.phases["training"] - chunked.phases["training"] == pytest.approx(
+        4 * logits - 25 * SMALL.vocab * (2 * 4 + 16))  # one chunk's logits and gradients instead
     assert est.peak == pytest.approx(10**9 + est.states + max(est.phases.values()))
     assert est.peak_phase == max(est.phases, key=est.phases.get)
     checkpointed = memory.estimate(SMALL, memory.Setup(**{**s.__dict__, "activation_checkpointing": True}))

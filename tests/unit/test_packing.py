@@ -5,8 +5,12 @@ import torch
 import transformers
 
 from rlft.rollout.logprobs import pack, packed_logp, padding_fraction, token_logp
-from rlft.stages.update import entropy
 from rlft.rollout.logprobs import forward_logits
+
+
+def entropy(logits):
+    logp = torch.log_softmax(logits.float(), -1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def model():

@@ -13,6 +13,7 @@ from rlft import dist
 from rlft.algos import AGGREGATIONS, agg_denominator
 from rlft.data.labels import outcome_pairs
 from rlft.rollout import batch as rb
+from rlft.rollout.lm_head import entropy_of
 from rlft.stages import experience, rft, rl, update
 from rlft.stages.common import Sums
 
@@ -92,9 +93,10 @@ def test_entropy_matches_the_definition():
     logits = torch.randn(5, 3, 11, generator=g)
     p = torch.softmax(logits.double(), -1)
     want = -(p * p.log()).sum(-1)
-    got = update.entropy(logits, rows_per_chunk=2)
+    got = entropy_of(logits, torch.logsumexp(logits, -1))
     assert got.shape == (5, 3) and (got.double() - want).abs().max().item() < 1e-5
-    assert abs(update.entropy(torch.zeros(1, 1, 11)).item() - torch.log(torch.tensor(11.0)).item()) < 1e-5
+    zeros = torch.zeros(1, 1, 11)
+    assert abs(entropy_of(zeros, torch.logsumexp(zeros, -1)).item() - torch.log(torch.tensor(11.0)).item()) < 1e-5
 
 
 def test_rollout_metrics(one_rank):
@@ -188,7 +190,8 @@ def test_prepare_applies_the_engine_mismatch_correction(one_rank, correction):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=1, num_key_value_heads=1)).eval()
-    policy = type("Policy", (), {"device": torch.device("cpu"), "__call__": lambda self, **kw: model(**kw)})()
+    policy = type("Policy", (), {"device": torch.device("cpu"), "module": model,
+                                 "__call__": lambda self, **kw: model(**kw)})()
     ro = _rollout([1.0, 0.0, 1.0, 1.0])
     trainer = experience.rollout_logp(policy, ro, 4, 1.0)
     ro.sampler_logp = [trainer[i][ro.mask[i].bool()].tolist() for i in range(4)]

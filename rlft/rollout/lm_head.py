@@ -1,0 +1,180 @@
+"""The LM head a chunk of tokens at a time (docs/performance.md, "Logits a chunk at a time").
+
+A causal LM's forward ends in its output embedding, which writes logits [B, T, V] for every position; at a
+150k-token vocabulary they are the largest tensors of a training step (64 x 256 x 151,936 in fp32 is 10 GB),
+and under autograd their fp32 copies are kept for the backward. rlft's training and scoring forwards stop
+at the final hidden states instead: the model's own forward runs with its LM head asked for no positions
+(`logits_to_keep` an empty index) while a hook on the decoder (`get_decoder()`) keeps its output, the last
+hidden state after the final norm. The head (`get_output_embeddings()`, called as a module, so LoRA and ZeRO-3
+see it as they do in the model's forward), the model's final logit processing, the temperature, the
+log-softmax, the target gather and the entropy then run over `chunk_tokens` tokens at a time, and only at
+the tokens whose log-prob is wanted. Under autograd each chunk is recomputed in the backward
+(torch.utils.checkpoint), so at most one chunk's logits exist at any time, in the forward and the backward.
+The checkpoint is the non-reentrant kind: every chunk's backward is part of the one backward pass, so a weight
+used by several chunks (and a tied embedding) gets its gradient accumulated once, as DeepSpeed's ZeRO 1-3
+reduction expects (the reentrant kind runs a backward per chunk: "gradient computed twice"). Under ZeRO-3 a
+frozen head (LoRA) is gathered once into a plain copy (`frozen_zero3_head`): called as a module in the
+recompute, ZeRO-3 left it partitioned.
+
+Which final processing a model applies to its logits is read from its config (Gemma's
+`final_logit_softcapping`, Cohere's `logit_scale`, Granite's `logits_scaling`); the first forward through a
+model checks the chunked head against the model's own logits and stops with a one-line error where they
+differ (an architecture that transforms its logits another way: `train.logit_chunk_tokens=0` uses the
+model's own logits).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+DEFAULT_CHUNK_TOKENS = 1024
+"""Tokens whose logits exist at once (train.logit_chunk_tokens): 1024 x 151,936 fp32 logits are 0.6 GB."""
+
+EXTRAS = ("entropy", "top1")
+"""What `head_logp` can return beside the log-probs (no grad): the entropy of each token's distribution and
+1 where the target is its argmax."""
+
+
+def unwrap(model) -> torch.nn.Module:
+    """The transformers model under a Trainer, a DeepSpeed engine or a peft wrapper (LoRA layers stay in it)."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # rlft's Trainer, a DeepSpeed engine
+        model = model.module
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def logit_processing(config) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What the model's forward applies to the LM head's output (identity for most architectures)."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None)
+    divide = getattr(config, "logits_scaling", None)
+
+    def process(logits: torch.Tensor) -> torch.Tensor:
+        if scale is not None:
+            logits = logits * scale
+        if divide is not None:
+            logits = logits / divide
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+    return process
+
+
+def chunk_tokens_of(model) -> int:
+    """The chunk size a model's forwards use: its Trainer's train.logit_chunk_tokens, else the default."""
+    cfg = getattr(model, "cfg", None)
+    value = getattr(getattr(cfg, "train", None), "logit_chunk_tokens", None)
+    return DEFAULT_CHUNK_TOKENS if value is None else int(value)
+
+
+def hidden_forward(model, **inputs) -> tuple[torch.Tensor, object]:
+    """(final hidden states [B, T, H], the model's output) of one forward of `model` with its LM head asked
+    for no positions. The first forward through a model also checks the chunked head against its logits."""
+    inner = unwrap(model)
+    if not getattr(inner, "_rlft_head_checked", False):
+        check_head(inner, inputs)
+    captured: list[torch.Tensor] = []
+    handle = inner.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
+    try:
+        none = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
+        out = model(**inputs, logits_to_keep=none)
+    finally:
+        handle.remove()
+    return captured[-1], out
+
+
+@torch.no_grad()
+def check_head(inner: torch.nn.Module, inputs: dict) -> None:
+    """One forward of the first row's first tokens: the head applied to the decoder's output must give the
+    model's own logits (raises where an architecture processes its logits in a way rlft does not read)."""
+    ids = inputs["input_ids"][:1, :8]
+    captured: list[torch.Tensor] = []
+    handle = inner.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
+    try:
+        logits = inner(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    finally:
+        handle.remove()
+    ours = logit_processing(inner.config)(inner.get_output_embeddings()(captured[-1]))
+    gap = float((ours.float() - logits.float()).abs().max())
+    if gap > 1e-3 * max(1.0, float(logits.float().abs().max())):
+        raise ValueError(f"{type(inner).__name__}: its logits are not its output embedding of its decoder's last "
+                         f"hidden state (largest gap {gap:.3g}), so rlft cannot run its LM head a chunk at a time; "
+                         "set train.logit_chunk_tokens=0 to use the model's own logits")
+    inner._rlft_head_checked = True
+
+
+def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+              extras: tuple[str, ...] = (), chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0):
+    """log softmax(head(hidden) / temperature)[target] per token, [N] fp32, from hidden states [N, H] and
+    targets [N], `chunk_tokens` tokens at a time (default: the model's `chunk_tokens_of`); with `top_k` > 0 or
+    `top_p` < 1, of the truncated distribution the sampler drew from (`truncate`). `extras` (names in
+    EXTRAS) add [N] fp32 tensors without grad; then the result is (log-probs, {name: tensor})."""
+    inner = unwrap(model)
+    head, process = frozen_zero3_head(inner.get_output_embeddings()), logit_processing(inner.config)
+    context = getattr(model, "head_context", contextlib.nullcontext)  # a LoRA reference: the adapter off
+    step = max(1, chunk_tokens or chunk_tokens_of(model))
+
+    def piece(h: torch.Tensor, t: torch.Tensor):
+        with context():
+            logits = process(head(h)).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logits = truncate(logits, t, top_k, top_p)
+        lse = torch.logsumexp(logits, -1)
+        logp = logits.gather(-1, t[:, None])[:, 0] - lse
+        with torch.no_grad():
+            more = [entropy_of(logits, lse) if name == "entropy" else (logits.argmax(-1) == t).float()
+                    for name in extras]
+        return (logp, *more)
+
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(
+        p.requires_grad for p in getattr(head, "parameters", tuple)()))
+    parts = [checkpoint(piece, h, t, use_reentrant=False, preserve_rng_state=False) if recompute else piece(h, t)
+             for h, t in zip(hidden.split(step), targets.split(step))]
+    logp = torch.cat([p[0] for p in parts])
+    if not extras:
+        return logp
+    return logp, {name: torch.cat([p[1 + i] for p in parts]).detach() for i, name in enumerate(extras)}
+
+
+def frozen_zero3_head(head: torch.nn.Module):
+    """The head as a function of the hidden states. Under DeepSpeed ZeRO-3 a head without trainable weights (a
+    LoRA model's) is gathered once into a plain copy: called as a module in the backward's recompute, ZeRO-3
+    left it partitioned. A trainable head runs as its module, gathered by ZeRO-3's own hooks."""
+    params = [p for p in head.parameters() if hasattr(p, "ds_id")]
+    if not params or any(p.requires_grad for p in head.parameters()):
+        return head
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params):
+        weight = head.weight.detach().clone()
+        bias = head.bias.detach().clone() if getattr(head, "bias", None) is not None else None
+    return lambda h: torch.nn.functional.linear(h, weight, bias)
+
+
+def entropy_of(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per row, from the rows' logsumexp: lse - sum(p * logits) (tokens truncated
+    to -inf contribute 0)."""
+    p = torch.softmax(logits, -1)
+    return lse - torch.where(p > 0, p * logits, torch.zeros_like(logits)).sum(-1)
+
+
+def truncate(logits: torch.Tensor, targets: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """fp32 logits [N, V] (after the temperature) with the tokens top-k and top-p sampling would not draw set to
+    -inf: transformers' own warpers, in the sampler's order (rlft/rollout/generate.py, hf_processors; vLLM
+    applies the same two), so the log-softmax is the truncated, renormalised distribution each token was
+    drawn from. Each row's target keeps its logit even where this model's kept set leaves it out (a token the
+    sampler drew, at the edge of the set, from slightly different weights or arithmetic), so its log-prob
+    stays finite. top_k = 0 and top_p = 1: the logits unchanged."""
+    if top_k <= 0 and top_p >= 1.0:
+        return logits
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    kept = logits
+    if top_k > 0:
+        kept = TopKLogitsWarper(top_k)(None, kept)
+    if top_p < 1.0:
+        kept = TopPLogitsWarper(top_p)(None, kept)
+    return kept.scatter(-1, targets[:, None], logits.gather(-1, targets[:, None]))
