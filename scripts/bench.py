@@ -236,10 +236,13 @@ def start_sampler(cfg, tokenizer, args, device):
 
 def overlap(steps: list[dict]) -> dict:
     """The sampler's seconds per rollout and the share of a step during which sampler and trainer were both
-    busy: the sampler's seconds less the trainer's wait for it (the generation phase), over the step."""
+    busy: the sampler's seconds less the trainer's wait for it (the generation phase), over the step. A
+    sampler that began its rollout before the step did (sampling ahead) can be busy for longer than the step
+    lasts: the share is then 1."""
     med = statistics.median
     busy = med([s["sampler_busy_s"] for s in steps])
-    shares = [max(0.0, s["sampler_busy_s"] - s["times"]["generation"]) / sum(s["times"].values()) for s in steps]
+    shares = [min(1.0, max(0.0, s["sampler_busy_s"] - s["times"]["generation"]) / sum(s["times"].values()))
+              for s in steps]
     return {"sampler_busy_s": busy, "overlap": med(shares)}
 
 
