@@ -31,14 +31,8 @@ import subprocess
 import sys
 import time
 
-SHAPES = {  # the published configurations' dimensions (random weights)
-    "qwen2-0.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                       num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "smollm2-135m": dict(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True),
-    "tiny": dict(arch="llama", vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True),
-}
+from bench import SHAPES, build_model  # scripts/bench.py
+
 PATHS = ("today", "chunked", "trl")
 
 
@@ -47,15 +41,7 @@ def rss_gib() -> float:
 
 
 def build(shape: str, checkpointing: bool, path: str):
-    import torch
-    import transformers
-
-    spec = dict(SHAPES[shape])
-    arch = spec.pop("arch")
-    config = (transformers.Qwen2Config if arch == "qwen2" else transformers.LlamaConfig)(
-        **spec, max_position_embeddings=2048, use_cache=False)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = build_model(shape, seed=0)  # bench.py's shapes, random weights in fp32
     model.train()
     if checkpointing:
         model.gradient_checkpointing_enable()

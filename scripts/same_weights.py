@@ -66,7 +66,7 @@ def baseline_tree(out: Path, rev: str) -> Path:
 def train(code: Path, root: Path, name: str, extra: list[str], log: Path) -> float:
     """One stage with the rlft of `code` under root/<name>; returns its wall time (0 when already done)."""
     algo, overrides = STAGES[name]
-    if (root / name / "final" / "manifest.json").exists() or (root / name / "manifest.json").exists():
+    if (root / name / "manifest.json").exists():  # a finished stage
         return 0.0
     cmd = [sys.executable, "-m", "rlft.cli", "train", f"algo={algo}", "run.name=chain", f"run.root={root.parent}",
            f"run.dir={root / name}", "seed=0", *SMALL, *overrides, *extra]  # parents: stage:sft, stage:rm, ...
@@ -113,11 +113,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     out = out.resolve()
     base = baseline_tree(out, args.baseline)
-    wanted = [s for s in STAGES if s in args.stages.split(",")]
-    needed = list(dict.fromkeys(["sft"] + (["rm"] if set(wanted) - {"sft", "prm", "rm"} else []) +
-                                (["prm"] if {"iterative", "grpo_process"} & set(wanted) else []) + wanted))
+    wanted = set(args.stages.split(",")) | {"sft", "rm", "prm"}  # the parents, always
     results = {}
-    for name in [s for s in STAGES if s in needed]:
+    for name in [s for s in STAGES if s in wanted]:
         row = {}
         for side, code in (("baseline", base), ("current", REPO)):
             root = out / side / "chain"

@@ -30,6 +30,8 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rlft.errors import ConfigError
+
 DEFAULT_CHUNK_TOKENS = 1024
 """Tokens whose logits exist at once (train.logit_chunk_tokens): 1024 x 151,936 fp32 logits are 0.6 GB."""
 
@@ -75,14 +77,21 @@ def hidden_forward(model, **inputs) -> tuple[torch.Tensor, object]:
     inner = unwrap(model)
     if not getattr(inner, "_rlft_head_checked", False):
         check_head(inner, inputs)
+    none = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
+    with decoder_output(inner) as captured:
+        out = model(**inputs, logits_to_keep=none)
+    return captured[-1], out
+
+
+@contextlib.contextmanager
+def decoder_output(inner: torch.nn.Module):
+    """A list that receives the decoder's last hidden state of each forward run inside the block."""
     captured: list[torch.Tensor] = []
     handle = inner.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
     try:
-        none = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
-        out = model(**inputs, logits_to_keep=none)
+        yield captured
     finally:
         handle.remove()
-    return captured[-1], out
 
 
 @torch.no_grad()
@@ -90,16 +99,12 @@ def check_head(inner: torch.nn.Module, inputs: dict) -> None:
     """One forward of the first row's first tokens: the head applied to the decoder's output must give the
     model's own logits (raises where an architecture processes its logits in a way rlft does not read)."""
     ids = inputs["input_ids"][:1, :8]
-    captured: list[torch.Tensor] = []
-    handle = inner.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
-    try:
+    with decoder_output(inner) as captured:
         logits = inner(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-    finally:
-        handle.remove()
     ours = logit_processing(inner.config)(inner.get_output_embeddings()(captured[-1]))
     gap = float((ours.float() - logits.float()).abs().max())
     if gap > 1e-3 * max(1.0, float(logits.float().abs().max())):
-        raise ValueError(f"{type(inner).__name__}: its logits are not its output embedding of its decoder's last "
+        raise ConfigError(f"{type(inner).__name__}: its logits are not its output embedding of its decoder's last "
                          f"hidden state (largest gap {gap:.3g}), so rlft cannot run its LM head a chunk at a time; "
                          "set train.logit_chunk_tokens=0 to use the model's own logits")
     inner._rlft_head_checked = True
