@@ -9,10 +9,11 @@ held-out problems, so one table holds both tools' accuracy and wall time.
 Everything after `--` is an rlft override list: the script composes rlft's config from it and reads the settings
 from there (`train.lr`, `train.max_steps`, `train.warmup_steps`, `train.adam_beta1/2`, `train.weight_decay`,
 `train.grad_clip`, `rollout.prompts_per_step`, `rollout.samples_per_prompt`, `rollout.max_new_tokens`,
-`rollout.temperature`, `algo.kl_coef`, `algo.clip_eps_low/high`), so both sides run the same numbers. The
-environment (its training rows, its chat-template prompts and its scorer) is rlft's, called from TRL's reward
-function. TRL's loss is set to rlft's default aggregation (loss_type="grpo": each completion's token mean,
-averaged over completions) with group-std scaling, as rlft's `grpo` advantage does.
+`rollout.temperature`, `algo.kl_coef`, `algo.clip_eps_low/high`, `deepspeed.activation_checkpointing` as TRL's
+`gradient_checkpointing`), so both sides run the same numbers. The environment (its training rows, its
+chat-template prompts and its scorer) is rlft's, called from TRL's reward function. TRL's loss is set to
+rlft's default aggregation (loss_type="grpo": each completion's token mean, averaged over completions) with
+group-std scaling, as rlft's `grpo` advantage does.
 
 What differs and cannot be made equal: the order in which prompts are drawn (TRL's sampler and rlft's seeded
 shuffles), the warm-up's first rate (TRL from 0, rlft from train.min_lr_ratio x lr), and TRL's generation and
@@ -113,7 +114,8 @@ def train(args, out: Path) -> None:
         warmup_steps=train_cfg.warmup_steps, weight_decay=train_cfg.weight_decay, adam_beta1=train_cfg.adam_beta1,
         adam_beta2=train_cfg.adam_beta2, max_grad_norm=train_cfg.grad_clip, max_steps=train_cfg.max_steps,
         logging_steps=10**6, save_strategy="no", report_to=[], bf16=False, use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0, seed=args.seed, model_init_kwargs={"dtype": torch.float32})
+        dataloader_num_workers=0, seed=args.seed, model_init_kwargs={"dtype": torch.float32},
+        gradient_checkpointing=bool(cfg.deepspeed.activation_checkpointing))  # TRL's default is on; rlft's is the config's
     clock = Clock()
     trainer = GRPOTrainer(model=args.model, reward_funcs=task_reward, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[clock])
@@ -125,7 +127,7 @@ def train(args, out: Path) -> None:
     settings = {k: getattr(config, k) for k in ("learning_rate", "num_generations", "per_device_train_batch_size",
                                                 "gradient_accumulation_steps", "max_completion_length", "beta",
                                                 "loss_type", "scale_rewards", "max_steps", "warmup_steps",
-                                                "adam_beta2", "temperature")}
+                                                "adam_beta2", "temperature", "gradient_checkpointing")}
     record = {"tool": "trl", "seed": args.seed, "model": args.model, "overrides": args.overrides,
               "settings": settings, "samples": n * train_cfg.max_steps, "wall_s": wall, "steps": clock.steps}
     (out / "trl.json").write_text(json.dumps(record, indent=1, default=str))

@@ -265,6 +265,22 @@ def make_parents(root: Path, run_name: str, stages=("sft",)) -> dict[str, Path]:
     return out
 
 
+def sharpened_teacher(model_dir: Path, out: Path, scale: float = 20.0) -> Path:
+    """A distillation teacher that differs from the model at `model_dir` in a known way: the same model with
+    its final norm, so every logit, scaled `scale` times (a peaked, confident copy); tokenizer files copied."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    teacher = AutoModelForCausalLM.from_pretrained(model_dir)
+    teacher.model.norm.weight.data *= scale
+    teacher.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (model_dir / name).is_file():
+            shutil.copy(model_dir / name, out / name)
+    return out
+
+
 def changed_tensors(before: dict, after: dict, atol: float = 0.0) -> list[str]:
     """Names of tensors present in both whose values differ by more than atol."""
     names = sorted(set(before) & set(after))

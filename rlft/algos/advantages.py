@@ -6,7 +6,8 @@ Registry signature (ADVANTAGES):
 
 An entry that needs more than scores says so when registered: "groups" (at least 2 completions
 per prompt), "critic" (values from a critic the stage trains), "step_scores" (a PRM's per-step
-scores), "kl_reward" (it folds the KL to the reference into its rewards: algo.kl_in=reward).
+scores), "kl_reward" (it folds the KL to the reference into its rewards: algo.kl_in=reward), "teacher"
+(a teacher model's log-probs of the sampled tokens).
 
 `adv` is per token and 0 on masked positions; `returns` is set by estimators
 that have them (gae: critic targets; reinforce_pp*: returns-to-go), else None.
@@ -24,6 +25,8 @@ Responses are laid out contiguously, `group_size` (G) per prompt: rows
     reinforce_pp_baseline  as reinforce_pp after subtracting the group-mean score (§8)
     gae                    PPO: KL-shaped token rewards, GAE, optional whitening (§3)
     rft                    online RFT: 1[score > rft_threshold] broadcast over tokens (§5)
+    distill                on-policy distillation: distill_coef x (log pi_teacher - log pi_old) of each
+                           sampled token (+ outcome_weight x the grpo advantage) (§16)
 
 KL-in-reward estimators (rloo, reinforce_pp*, gae) use cfg.kl_coef and need
 old_logp and ref_logp when it is non-zero; the KL is taken at pi_old.
@@ -58,6 +61,7 @@ class AdvantageInputs:
     old_logp: Tensor | None = None  # [B, T] log-probs under pi_old (KL-in-reward estimators)
     ref_logp: Tensor | None = None  # [B, T] log-probs under pi_ref
     values: Tensor | None = None  # [B, T] critic values at rollout (gae)
+    teacher_logp: Tensor | None = None  # [B, T] log-probs under the teacher (distill)
 
 
 @dataclass
@@ -75,7 +79,8 @@ class AdvantageConfig:
     whiten_unbiased: bool = True  # gae: unbiased variance for whitening
     whiten_rewards: bool = False  # gae: whiten token rewards with shift_mean=False
     rft_threshold: float = 0.0  # rft: a response is correct when score > threshold
-    outcome_weight: float = 0.0  # grpo_process: weight of the outcome (grpo) advantage added to every token
+    outcome_weight: float = 0.0  # grpo_process, distill: weight of the outcome (grpo) advantage added to every token
+    distill_coef: float = 1.0  # distill: weight of the per-token teacher signal
     reduce: Reduce | None = None  # whitening statistics over every rank's rollout (None: this batch)
 
 
@@ -353,6 +358,21 @@ def rft(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     rft_threshold) else 0; with the `reinforce` policy loss GC = I(o)."""
     correct = (batch.scores > cfg.rft_threshold).to(_float_dtype(batch.scores))
     return AdvantageOutput(_broadcast(correct, batch.mask), None)
+
+
+@ADVANTAGES.register("distill", needs=("teacher",))
+def distill(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
+    """On-policy distillation (§16): A_t = distill_coef * (log pi_teacher(y_t) - log pi_old(y_t)), the negative of
+    the per-token reverse KL's sampled estimate, so the policy gradient lowers KL(pi || pi_teacher) on the
+    policy's own samples; plus outcome_weight x the grpo advantage (groups needed then). No discounting: each
+    token is credited with its own term only."""
+    if batch.teacher_logp is None or batch.old_logp is None:
+        raise ValueError("distill needs the teacher's and pi_old's log-probs of the sampled tokens")
+    dtype = torch.promote_types(_float_dtype(batch.teacher_logp), _float_dtype(batch.old_logp))
+    adv = cfg.distill_coef * (batch.teacher_logp.to(dtype) - batch.old_logp.to(dtype))
+    if cfg.outcome_weight:
+        adv = adv + cfg.outcome_weight * grpo(batch, cfg).adv.to(dtype)
+    return AdvantageOutput(zero_masked(adv, batch.mask), None)
 
 
 __all__ = [

@@ -83,7 +83,7 @@ class RLConfig(AlgoConfig):
     advantage: str = read_when("per_token_update", "grpo")
     """Advantage estimator (`rlft list keys` shows the registered names): grpo | dr_grpo | grpo_process |
     grpo_process_min | rloo | reinforce_pp | reinforce_pp_baseline | rft | gae (gae trains a critic, see
-    `critic.*`)."""
+    `critic.*`) | distill (a teacher scores every sampled token, see `teacher.*`)."""
     policy_loss: str = read_when("per_token_update", "ppo_clip")
     """Per-token policy loss: ppo_clip | gspo | reinforce."""
     pairwise_loss: Optional[str] = None
@@ -118,9 +118,12 @@ class RLConfig(AlgoConfig):
     """Group advantages: added to the group std."""
     rft_threshold: float = read_when("per_token_update", 0.5)
     """rft advantage: a completion counts as correct when its reward exceeds this."""
-    outcome_weight: float = read_when("process_advantage", 0.0)
-    """grpo_process(_min): weight of the outcome reward's GRPO advantage added to every token of a completion
-    (0: process supervision alone, as DeepSeekMath; > 0: process and outcome supervision together)."""
+    outcome_weight: float = read_when("outcome_weight", 0.0)
+    """grpo_process(_min), distill: weight of the outcome reward's GRPO advantage added to every token of a
+    completion (0: process supervision or distillation alone; > 0: together with outcome supervision)."""
+    distill_coef: float = read_when("teacher", 1.0)
+    """distill: weight of the per-token teacher signal, log pi_teacher - log pi_old of each sampled token
+    (the negative reverse KL's sampled estimate, docs/algorithms.md)."""
     updates_per_rollout: int = 1
     """mu: passes over each rollout batch (GRPO Algorithm 1)."""
     minibatches_per_rollout: int = 1
@@ -150,6 +153,15 @@ class CriticConfig:
     """GAE lambda."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the whole rollout (every rank's share)."""
+
+
+@dataclass
+class TeacherConfig:
+    """The model an advantage that needs one (distill: on-policy distillation) scores the sampled tokens with."""
+    READ_WHEN: ClassVar[str] = "teacher"
+    path: str = ""
+    """Anything model.path takes (stage:<algo>, a folder, a hub id, a GGUF file, an adapter folder); its tokenizer
+    must be the student's."""
 
 
 @dataclass

@@ -15,6 +15,14 @@ def trains_critic(cfg) -> bool:
     return algo_spec(cfg.algo).rl and cfg.algo.pairwise_loss is None and ADVANTAGES.needs(cfg.algo.advantage, "critic")
 
 
+def uses_teacher(cfg) -> bool:
+    """Whether this run scores its samples with a teacher: an RL run whose advantage estimator reads one."""
+    from rlft.algos import ADVANTAGES
+
+    return algo_spec(cfg.algo).rl and cfg.algo.pairwise_loss is None and ADVANTAGES.needs(cfg.algo.advantage,
+                                                                                          "teacher")
+
+
 def needs_reference(cfg) -> bool:
     """An RL run loads the reference model when a KL term reads it or the pairwise loss does."""
     from rlft.algos import PAIRWISE_LOSSES

@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlft.config.algorithms import ALGO_SCHEMAS, CriticConfig, IterativeConfig, PairwiseConfig
+from rlft.config.algorithms import ALGO_SCHEMAS, CriticConfig, IterativeConfig, PairwiseConfig, TeacherConfig
 from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, ModelKind, NonFinite, NonFinitePolicy, Precision,
                                 SpecialTokensInText, StepScorer, TruncationPolicy, WandbMode, read_when)
 from rlft.data.synthetic import TaskSpec
@@ -501,6 +501,8 @@ class Config:
     """The DeepSpeed trainer and its launch: ZeRO stage, precision, ranks and machines, device, memory savers."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The teacher of an advantage that reads one (distill: on-policy distillation)."""
     pairwise: PairwiseConfig = field(default_factory=PairwiseConfig)
     iterative: IterativeConfig = field(default_factory=IterativeConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

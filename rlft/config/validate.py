@@ -9,7 +9,7 @@ import re
 from typing import Any, Callable, Iterator, Optional
 
 from rlft.config.algorithms import algo_spec
-from rlft.config.arithmetic import derive, trains_critic
+from rlft.config.arithmetic import derive, trains_critic, uses_teacher
 from rlft.config.defaults import fill
 from rlft.config.fields import read_rule
 from rlft.config.schema import SECTIONS
@@ -175,6 +175,17 @@ def _critic_unread(cfg, key):
         return f"algo={cfg.algo.name} trains no critic (only an algo.advantage that needs one does)"
 
 
+def _teacher_unread(cfg, key):
+    if not uses_teacher(cfg):
+        return "no teacher is read (only an algo.advantage that needs one: distill)"
+
+
+def _outcome_weight_unread(cfg, key):
+    if not (_process_advantage(cfg) or uses_teacher(cfg)):
+        return ("only process supervision (grpo_process|grpo_process_min) and distillation (distill) add the "
+                "outcome advantage")
+
+
 def _loss_option_unread(cfg, key):
     from rlft.algos import PAIRWISE_LOSSES, POLICY_LOSSES
 
@@ -250,6 +261,8 @@ READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
     "curriculum_on": _curriculum_on_unread,
     "pool": _pool_unread,
     "critic": _critic_unread,
+    "teacher": _teacher_unread,
+    "outcome_weight": _outcome_weight_unread,
     "loss_option": _loss_option_unread,
     "per_token_update": _per_token_update_unread,
     "process_advantage": _process_advantage_unread,
@@ -347,9 +360,13 @@ def validate_rl(cfg) -> None:
     elif algo.kl_in == "reward" and algo.kl_coef > 0 and not ADVANTAGES.needs(algo.advantage, "kl_reward"):
         raise ConfigError(f"algo.kl_in=reward, but algo.advantage={algo.advantage} puts no KL into its rewards; set "
                           f"algo.advantage={'|'.join(ADVANTAGES.names_needing('kl_reward'))} or algo.kl_in=loss")
-    elif rollout.samples_per_prompt < 2 and ADVANTAGES.needs(algo.advantage, "groups"):
+    elif rollout.samples_per_prompt < 2 and (ADVANTAGES.needs(algo.advantage, "groups") or (
+            uses_teacher(cfg) and algo.outcome_weight)):
         raise ConfigError(f"rollout.samples_per_prompt={rollout.samples_per_prompt}: group-relative advantages "
                           f"(algo.advantage={algo.advantage}) need groups of at least 2 completions")
+    if uses_teacher(cfg) and not str(cfg.teacher.path):
+        raise ConfigError(f"algo.advantage={algo.advantage} scores every sampled token with a teacher: set teacher.path "
+                          "(a stronger model with the student's tokenizer: stage:<algo>, a folder, a hub id)")
     shards = algo.minibatches_per_rollout * world
     if rollout.prompts_per_step % shards:
         raise ConfigError(f"rollout.prompts_per_step={rollout.prompts_per_step} must be divisible by "

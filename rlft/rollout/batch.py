@@ -25,6 +25,7 @@ EXTRAS = {
     "step_scores": "per completion, each step's score (process supervision)",
     "old_logp": "[N, L-1] the policy's log-probs at sampling time (pi_old)",
     "ref_logp": "[N, L-1] the reference model's log-probs",
+    "teacher_logp": "[N, L-1] the teacher's log-probs (on-policy distillation)",
     "is_weight": "[N, L-1] engine-mismatch importance weights",
     "values": "[N, L-1] the critic's values at sampling time",
     "returns": "[N, L-1] the critic's targets",

@@ -5,8 +5,10 @@ Its phases, each timed and logged as `time/<phase>_s` (seconds per rollout):
     sample      this rank's prompts, G trajectories each, through the environment (rollout engine)
     score       rewards (the environment's, + reward.functions), the truncation policy, step scores
                 for process supervision; dynamic sampling repeats sample and score for all-equal groups
-    logprobs    old log-probs (when the batch is reused or the engine's log-probs are corrected),
-                reference log-probs (when the KL needs them), the engine-mismatch IS weights
+    logprobs    old log-probs (when the batch is reused, the engine's log-probs are corrected or the
+                estimator reads them), reference log-probs (when the KL needs them), the engine-mismatch
+                IS weights
+    teacher     the teacher's log-probs of the sampled tokens (estimators that declare "teacher")
     values      the critic's values (estimators that declare "critic")
     advantages  the registered estimator, or a pairwise loss's pair inputs
 
@@ -36,7 +38,7 @@ from rlft.rollout.logprobs import packed_logp, response_start, token_logp
 from rlft.stages import common, inputs
 from rlft.stages.prompts import Curriculum, DifficultyPool, PromptSource
 
-PHASES = ("sample", "score", "logprobs", "values", "advantages")
+PHASES = ("sample", "score", "logprobs", "teacher", "values", "advantages")
 
 
 def advantage_config(algo, critic, kl_coef: float) -> AdvantageConfig:
@@ -44,6 +46,7 @@ def advantage_config(algo, critic, kl_coef: float) -> AdvantageConfig:
     algo.kl_in=reward (PPO)."""
     return AdvantageConfig(eps_adv=algo.eps_adv, std_unbiased=algo.std_unbiased, scale_by_std=algo.scale_by_std,
                            rft_threshold=algo.rft_threshold, outcome_weight=algo.outcome_weight,
+                           distill_coef=algo.distill_coef,
                            kl_coef=kl_coef if algo.kl_in == "reward" else 0.0,
                            kl_estimator=algo.kl_estimator, gamma=critic.gamma, lam=critic.lam,
                            whiten_advantages=critic.whiten_advantages, reduce=dist.sum_over_ranks)
@@ -51,9 +54,10 @@ def advantage_config(algo, critic, kl_coef: float) -> AdvantageConfig:
 
 def rollout_needs(algo, has_reference: bool, correction: str) -> frozenset[str]:
     """The rollout extras (rlft.rollout.batch.EXTRAS) a run computes: the advantages and what its
-    estimator declares (step scores, the critic's values and returns), or a pairwise loss's pair inputs;
-    pi_old where the update reads the sampling-time log-probs (`reuses_rollout`) or the engine's are
-    corrected (with the IS weights); the reference's log-probs when there is a reference."""
+    estimator declares (step scores, the critic's values and returns, the teacher's log-probs with pi_old's),
+    or a pairwise loss's pair inputs; pi_old where the update reads the sampling-time log-probs
+    (`reuses_rollout`) or the engine's are corrected (with the IS weights); the reference's log-probs when
+    there is a reference."""
     needs = set()
     if algo.pairwise_loss is not None:
         needs |= {"pair_scores", "pair_s_ref", "delta"}
@@ -63,6 +67,8 @@ def rollout_needs(algo, has_reference: bool, correction: str) -> frozenset[str]:
             needs |= {"step_ends", "step_scores"}
         if ADVANTAGES.needs(algo.advantage, "critic"):
             needs |= {"values", "returns"}
+        if ADVANTAGES.needs(algo.advantage, "teacher"):
+            needs |= {"teacher_logp", "old_logp"}
     if reuses_rollout(algo) or correction != "none":
         needs.add("old_logp")
     if correction != "none":
@@ -168,10 +174,11 @@ class Experience:
     a benchmark or a test can run the real phases with its own environment or models."""
 
     def __init__(self, cfg, info: dist.DistInfo, tokenizer, policy, *, sampler=None, env=None, rewards=None,
-                 reference=None, critic=None, step_scorer=None, is_correction: str = "none"):
+                 reference=None, critic=None, step_scorer=None, is_correction: str = "none", teacher=None):
         self.cfg, self.info, self.tokenizer, self.policy = cfg, info, tokenizer, policy
         self.sampler, self.env, self.rewards = sampler, env, rewards
         self.reference, self.critic, self.step_scorer = reference, critic, step_scorer
+        self.teacher = teacher
         self.is_correction = is_correction
         self.ahead = None  # the AsyncSampler (rollout.max_staleness > 0)
         rollout = cfg.rollout
@@ -184,7 +191,7 @@ class Experience:
 
     @classmethod
     def build(cls, cfg, info: dist.DistInfo, tokenizer, policy, reference=None, critic=None,
-              model_path: str | None = None) -> "Experience":
+              model_path: str | None = None, teacher=None) -> "Experience":
         """The configured environment, rewards, step scorer and rollout engine around `policy`; with
         rollout.max_staleness > 0 also the sampler process (its model built from `model_path`)."""
         env = envs.build(cfg, tokenizer)
@@ -198,7 +205,7 @@ class Experience:
         dist.print0(f"[rlft] rollout engine: {why}; importance-sampling correction: {correction}"
                     + (f" ({rollout.is_level}, C={rollout.is_cap})" if correction != "none" else ""))
         experience = cls(cfg, info, tokenizer, policy, sampler=sampler, env=env, rewards=rewards, reference=reference,
-                         critic=critic, step_scorer=step_scorer, is_correction=correction)
+                         critic=critic, step_scorer=step_scorer, is_correction=correction, teacher=teacher)
         if rollout.max_staleness:
             from rlft.rollout.async_sampler import AsyncSampler
 
@@ -383,6 +390,10 @@ class Experience:
                 ro.metrics.update(measured)
                 if "is_weight" in needs:
                     ro.put(is_weight=weight)
+        if "teacher_logp" in needs:  # the teacher's full distribution at the sampling temperature (no truncation)
+            with self.timed("teacher"):
+                ro.put(teacher_logp=rollout_logp(self.teacher, ro, micro, rollout.temperature, packed=train.packing,
+                                                 max_tokens=budget, share_prompt=bool(train.share_prompt)))
         return keep
 
     def values(self, ro: rb.Rollout) -> None:
@@ -405,7 +416,8 @@ class Experience:
             else:
                 batch = AdvantageInputs(scores=ro.scores, mask=ro.mask, group_size=G, step_ends=ro.get("step_ends"),
                                         step_scores=ro.get("step_scores"), old_logp=ro.get("old_logp"),
-                                        ref_logp=ro.get("ref_logp"), values=ro.get("values"))
+                                        ref_logp=ro.get("ref_logp"), values=ro.get("values"),
+                                        teacher_logp=ro.get("teacher_logp"))
                 out = ADVANTAGES.get(algo.advantage)(batch, advantage_config(algo, self.cfg.critic, kl_coef))
                 ro.put(adv=out.adv.float(), returns=out.returns)
                 if keep is not None:

@@ -24,7 +24,8 @@ from omegaconf import OmegaConf
 
 from rlft import dist
 from rlft.algos import AdaptiveKLController, frac_zero_std_groups
-from rlft.config.arithmetic import needs_reference, trains_critic
+from rlft.config.arithmetic import needs_reference, trains_critic, uses_teacher
+from rlft.errors import ConfigError
 from rlft.files import handoff
 from rlft.files.checkpoints import list_checkpoints
 from rlft.models import load_model, load_tokenizer
@@ -47,6 +48,36 @@ def build_critic(cfg, tokenizer) -> Trainer:
 def load_reference(cfg, path: str, tokenizer) -> Trainer:
     """A frozen copy of the model at `path`: the KL anchor."""
     return Trainer(cfg, load_model(cfg.model, path, tokenizer, seed=cfg.seed), trainable=False)
+
+
+def tokenizer_mismatch(student, teacher) -> str | None:
+    """How two tokenizers differ in what a token id means (None: they agree on every id)."""
+    a, b = student.get_vocab(), teacher.get_vocab()
+    if len(a) != len(b):
+        return f"vocabularies of {len(a)} and {len(b)} tokens"
+    differ = sum(b.get(token) != i for token, i in a.items())
+    if differ:
+        return f"{differ} of {len(a)} tokens have other ids"
+    if student.eos_token_id != teacher.eos_token_id:
+        return f"end-of-sequence ids {student.eos_token_id} and {teacher.eos_token_id}"
+    return None
+
+
+def teacher_path(cfg, tokenizer) -> str:
+    """The teacher's loadable path, once its tokenizer is known to be the student's (one line, before any model
+    loads): the teacher scores the student's token ids, so both must read an id as the same token."""
+    path = handoff.resolve_model_path(cfg, str(cfg.teacher.path))
+    own = OmegaConf.create({"tokenizer": None, "trust_remote_code": bool(cfg.model.trust_remote_code)})
+    try:
+        theirs = load_tokenizer(own, path)
+    except (OSError, ValueError):  # a folder without tokenizer files reads with model.tokenizer, as the student
+        theirs = load_tokenizer(cfg.model, path)
+    problem = tokenizer_mismatch(tokenizer, theirs)
+    if problem:
+        raise ConfigError(f"teacher.path={cfg.teacher.path}: its tokenizer is not the student's ({problem}); "
+                          "distillation compares log-probs token by token, so pick a teacher of the student's "
+                          "model family (cross-tokenizer distillation is not supported)")
+    return path
 
 
 class BaseModel:
@@ -122,6 +153,9 @@ def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
                 stats.add(name, float(ro.metrics[name]) * tokens, tokens)
         if "engine_logp_gap_max" in ro.metrics:
             stats.add_max("engine_logp_gap_max", float(ro.metrics["engine_logp_gap_max"]))
+    teacher_logp, old_logp = ro.get("teacher_logp"), ro.get("old_logp")
+    if teacher_logp is not None and old_logp is not None:  # distillation: the sampled reverse KL, per model token
+        stats.add("teacher_kl", float(((old_logp - teacher_logp) * ro.mask).sum()), float(ro.mask.sum()))
     if "staleness" in ro.metrics:  # asynchronous sampling: versions behind, and the sampler's own time
         stats.add("staleness_mean", float(ro.metrics["staleness"]), 1.0)
         stats.add_max("staleness_max", float(ro.metrics["staleness"]))
@@ -135,6 +169,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     algo = cfg.algo
     parent = handoff.resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
+    teacher_at = teacher_path(cfg, tokenizer) if uses_teacher(cfg) else None
     common.seed_everything(cfg.seed)
     policy = Trainer(cfg, load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True))
     reference = None
@@ -143,7 +178,11 @@ def run(cfg, ctx: common.StageContext) -> dict:
         if policy.has_adapter:
             dist.print0("[rlft] reference: the policy's base weights with its LoRA adapter off (no second copy)")
     critic = build_critic(cfg, tokenizer) if trains_critic(cfg) else None
-    experience = Experience.build(cfg, ctx.info, tokenizer, policy, reference, critic, model_path=parent)
+    teacher = load_reference(cfg, teacher_at, tokenizer) if teacher_at else None  # frozen, sharded as the reference
+    if teacher is not None:
+        dist.print0(f"[rlft] teacher: {teacher_at}")
+    experience = Experience.build(cfg, ctx.info, tokenizer, policy, reference, critic, model_path=parent,
+                                  teacher=teacher)
     update = Update(cfg, policy, critic)
     kl = KL(algo)
     iterations = iterative.Iterations(cfg, ctx, experience, policy,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import (RL_SMALL, TINY, USER_REWARD, check_ok, load_safetensors, read_metrics, require, rl_env,
-                     run_cli, run_cli_retrying_abort, stage_dir)
+                     run_cli, run_cli_retrying_abort, sharpened_teacher, stage_dir)
 
 from rlft.rollout.generate import Sampling, vllm_available
 
@@ -274,6 +274,23 @@ def test_grpo_with_vllm_on_two_ranks(sft, tmp_path, zero, tp):
     recs = gaps(out)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["engine_logp_gap_max"] < 1e-5 for r in recs), recs
+
+
+def test_distillation_samples_through_vllm_and_the_teacher_scores_its_tokens(sft, tmp_path):
+    """algo=distill with the vllm engine: the trainer's pi_old of the engine's samples equals the engine's own
+    log-probs, the teacher (the SFT model with its logits sharpened) scores every token in its own timed phase,
+    and the student moves."""
+    work = copy_parents(sft, tmp_path)
+    teacher = sharpened_teacher(stage_dir(work, RUN, "sft") / "final", work / "teacher")
+    proc = cli(work, "train", "algo=distill", f"run.name={RUN}", f"teacher.path={teacher}", *RL_SMALL, *VLLM_RL,
+               "train.max_steps=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rollout engine: vllm (colocated, CPU" in proc.stdout
+    recs = gaps(stage_dir(work, RUN, "distill"))
+    assert all(r["engine_logp_gap_max"] < 1e-5 and r["teacher_kl"] > 1.0 and r["time/teacher_s"] > 0 for r in recs), recs
+    sft_w = load_safetensors(stage_dir(work, RUN, "sft") / "final")
+    final = load_safetensors(stage_dir(work, RUN, "distill") / "final")
+    assert any(not torch.equal(final[k], sft_w[k]) for k in final)
 
 
 def test_offline_rft_and_eval_sample_through_vllm(sft, tmp_path):

@@ -329,3 +329,28 @@ def test_whitening_with_a_rank_reduce_equals_whitening_the_whole_batch(estimator
     # without the reduce each half is whitened on its own, which differs
     alone = ADVANTAGES.get(estimator)(shard(slice(0, 3)), cfg).adv
     assert (alone - whole[:3]).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------ on-policy distillation (docs/algorithms.md §16)
+
+
+def test_distill_advantage_is_the_per_token_negative_reverse_kl_of_the_sampled_tokens():
+    old = t([[-0.5, -1.25, -2.0, -0.1], [-3.0, -0.25, -0.75, -1.5]])
+    teacher = t([[-0.25, -2.0, -2.0, -4.0], [-1.0, -0.5, -0.125, -9.0]])
+    # row 0: the last column is padding; row 1: column 1 is an environment token (multi-turn), column 3 padding
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 0]], dtype=torch.bool)
+    batch = AdvantageInputs(scores=t([1.0, 0.0]), mask=mask, group_size=2, old_logp=old, teacher_logp=teacher)
+    adv = ADVANTAGES.get("distill")(batch, AdvantageConfig(distill_coef=2.0)).adv
+    # by hand: 2 x (log pi_teacher - log pi_old) where the mask is set, 0 elsewhere
+    expected = t([[2 * 0.25, 2 * -0.75, 0.0, 0.0], [2 * 2.0, 0.0, 2 * 0.625, 0.0]])
+    torch.testing.assert_close(adv, expected, atol=0, rtol=0)
+    # with the outcome reward: + outcome_weight x the group-normalised advantage on every model token
+    both = ADVANTAGES.get("distill")(batch, AdvantageConfig(distill_coef=2.0, outcome_weight=0.5, eps_adv=0.0)).adv
+    grpo = ADVANTAGES.get("grpo")(batch, AdvantageConfig(eps_adv=0.0)).adv
+    torch.testing.assert_close(both, expected + 0.5 * grpo, **TOL)
+    assert both[1, 1] == 0 and both[0, 3] == 0  # environment and padding tokens carry nothing
+    # a teacher identical to the student: zero advantage
+    same = AdvantageInputs(scores=t([1.0, 0.0]), mask=mask, group_size=2, old_logp=old, teacher_logp=old.clone())
+    assert not ADVANTAGES.get("distill")(same, AdvantageConfig()).adv.any()
+    with pytest.raises(ValueError, match="teacher"):
+        ADVANTAGES.get("distill")(AdvantageInputs(scores=t([1.0, 0.0]), mask=mask, old_logp=old), AdvantageConfig())

@@ -24,6 +24,7 @@ from rlft.overrides import GROUP_KEYS, algo_kind, conf_dir, group_options
 REQUIRED_FILL = {
     ("model", "hf"): ["model.path=/some/hf/dir"],
     ("data", "jsonl"): ["data.source=/some/file.jsonl"],
+    ("algo", "distill"): ["teacher.path=builtin:tiny"],
 }
 
 
@@ -264,6 +265,17 @@ def test_the_outcome_weight_needs_process_supervision():
     validate(_compose(["algo=grpo", "algo.advantage=grpo_process_min", "algo.outcome_weight=0.5",
                           "reward.process=exact"]))
     _one_line_error(["algo=grpo", "algo.outcome_weight=0.5"], "algo.outcome_weight=0.5", "grpo_process")
+
+
+def test_distillation_needs_a_teacher_and_only_it_reads_one():
+    validate(_compose(["algo=distill", "teacher.path=builtin:tiny"]))
+    validate(_compose(["algo=distill", "teacher.path=builtin:tiny", "algo.outcome_weight=1.0",
+                       "algo.distill_coef=0.5"]))
+    _one_line_error(["algo=distill"], "teacher.path", "algo.advantage=distill")
+    _one_line_error(["algo=grpo", "teacher.path=stage:grpo"], "teacher.path=stage:grpo", "never used")
+    _one_line_error(["algo=grpo", "algo.distill_coef=0.5"], "algo.distill_coef=0.5", "never used")
+    _one_line_error(["algo=distill", "teacher.path=builtin:tiny", "algo.outcome_weight=1.0",
+                     "rollout.samples_per_prompt=1"], "rollout.samples_per_prompt=1")
 
 
 def test_the_exact_step_scorer_needs_process_supervision_and_the_builtin_task():

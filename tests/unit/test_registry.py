@@ -39,12 +39,13 @@ def test_duplicate_registration_rejected():
 
 def test_algorithm_registries_expose_the_documented_names():
     assert ADVANTAGES.names() == [
-        "dr_grpo", "gae", "grpo", "grpo_process", "grpo_process_min", "reinforce_pp", "reinforce_pp_baseline", "rft", "rloo",
+        "distill", "dr_grpo", "gae", "grpo", "grpo_process", "grpo_process_min", "reinforce_pp", "reinforce_pp_baseline",
+        "rft", "rloo",
     ]
     assert POLICY_LOSSES.names() == ["gspo", "ppo_clip", "reinforce"]
     assert IS_CORRECTIONS.names() == ["mis", "none", "tis"]
     assert PAIRWISE_LOSSES.names() == ["dpo", "p3o_joint", "p3o_separate", "p3o_separate_tokenwise"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
     assert AGGREGATIONS.names() == ["constant-norm", "seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]
-    with pytest.raises(UnknownNameError, match="unknown advantage estimator 'foo'; valid: dr_grpo, gae, grpo"):
+    with pytest.raises(UnknownNameError, match="unknown advantage estimator 'foo'; valid: distill, dr_grpo, gae"):
         ADVANTAGES.get("foo")
