@@ -9,8 +9,8 @@ import shutil
 import pytest
 from transformers import AutoModelForCausalLM
 
-from helpers import (RL_SMALL, changed_tensors, check_ok, load_safetensors, make_parents, one_line_error,
-                     read_metrics, rl_cli, sharpened_teacher, stage_dir)
+from helpers import (RL_SMALL, TINY, changed_tensors, check_ok, load_safetensors, make_parents, one_line_error,
+                     read_metrics, rl_cli, rl_env, run_cli_retrying_abort, sharpened_teacher, stage_dir)
 
 RUN = "dt"
 # the teacher: the student (a few SFT steps from the built-in model) with its logits sharpened 20 times
@@ -27,8 +27,10 @@ def root(tmp_path_factory):
 
 
 def run(root, name, *args):
-    check_ok(rl_cli(root, "train", *DISTILL, f"run.dir=runs/{RUN}/{name}", *args, timeout=600))
-    return root / "runs" / RUN / name
+    out = root / "runs" / RUN / name
+    check_ok(run_cli_retrying_abort(root, "train", *DISTILL, f"run.dir=runs/{RUN}/{name}", *args, *TINY, clean=out,
+                                    timeout=600, env=rl_env()))
+    return out
 
 
 def teacher_records(out) -> list[dict]:
@@ -47,9 +49,12 @@ def test_the_student_moves_towards_its_teacher(root):
     AutoModelForCausalLM.from_pretrained(out / "final")
 
 
-def test_a_teacher_identical_to_the_student_leaves_the_weights_unchanged(root):
-    # no weight decay: with every advantage 0 nothing else may move a weight
-    out = run(root, "same", "teacher.path=stage:sft", "train.max_steps=2", "train.weight_decay=0")
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_teacher_identical_to_the_student_leaves_the_weights_unchanged(root, ranks):
+    # no weight decay: with every advantage 0 nothing else may move a weight. Two ranks: ZeRO-3 shards the
+    # teacher as it shards the policy, and each gathers the same weights
+    sharded = ["deepspeed=zero3", "deepspeed.nproc_per_node=2", "train.micro_batch_per_device=4"] if ranks > 1 else []
+    out = run(root, f"same{ranks}", "teacher.path=stage:sft", "train.max_steps=2", "train.weight_decay=0", *sharded)
     records = teacher_records(out)
     assert len(records) == 2 and all(r["teacher_kl"] == 0.0 for r in records), records
     sft = load_safetensors(stage_dir(root, RUN, "sft") / "final")
