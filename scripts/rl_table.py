@@ -4,9 +4,11 @@
     python scripts/rl_table.py                                  # budget 25,600, seeds 0,1,2
     python scripts/rl_table.py --budget 6144 --jobs 2 --rows grpo,ppo,p3o_joint
     python scripts/rl_table.py --dry-run                         # the commands, nothing run
+    python scripts/rl_table.py --rows grpo,distill,distill_outcome --teacher runs/big/grpo/final --budget 12800
 
-One SFT model, one outcome RM and one PRM (both trained on the SFT model's own samples, labelled by
-the answer verifier and the exact step checker) are trained first, unless complete. Then every row
+One SFT model, and the outcome RM and PRM the chosen rows read (both trained on the SFT model's own
+samples, labelled by the answer verifier and the exact step checker) are trained first, unless complete.
+The distill rows learn from a teacher model given with --teacher (another run's model). Then every row
 is trained from that SFT model once per seed with `train.max_samples=<budget>`: each online
 algorithm samples that many completions (rollouts x prompts x samples per prompt), offline RFT
 samples that many from the SFT model and trains on that many sequences, offline DPO trains on that
@@ -71,7 +73,16 @@ def rows(budget: int) -> dict[str, list[str]]:
         "online_dpo": ["algo=online_dpo"],
         "rloo": ["algo=rloo"],
         "reinforce_pp": ["algo=reinforce_pp"],
+        # on-policy distillation from --teacher: alone, and with the outcome reward's GRPO advantage beside it
+        "distill": ["algo=distill"],
+        "distill_outcome": ["algo=distill", "algo.outcome_weight=1.0"],
     }
+
+
+# The reward models a row reads (the others train from the SFT model and the rule reward alone).
+ROW_PARENTS = {"grpo_process": ("prm",), "grpo_process_outcome": ("prm",), "grpo_iterative": ("prm",),
+               "grpo_rm": ("rm",), "ppo": ("rm",)}
+TEACHER_ROWS = ("distill", "distill_outcome")
 
 
 def complete(stage_dir: Path) -> bool:
@@ -186,20 +197,27 @@ def main(argv: list[str]) -> None:
                    help="an override for the SFT/RM/PRM trainings; `rm,prm:key=value` for some of them")
     p.add_argument("--reward-data", choices=["policy", "data"], default="policy",
                    help="what the RM and PRM learn from: the SFT model's samples, or the data's pairs/step labels")
+    p.add_argument("--teacher", default="", help="the distill rows' teacher (teacher.path: a model folder, e.g. "
+                   "another run's runs/<run>/grpo/final)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     table = rows(args.budget)
-    names = [r for r in args.rows.split(",") if r] or list(table)
+    names = [r for r in args.rows.split(",") if r] or [r for r in table if args.teacher or r not in TEACHER_ROWS]
     unknown = [r for r in names if r not in table]
     if unknown:
         raise SystemExit(f"rl_table: unknown row(s) {', '.join(unknown)}; valid: {', '.join(table)}")
+    if any(r in TEACHER_ROWS for r in names) and not args.teacher:
+        raise SystemExit("rl_table: the distill rows need a teacher: --teacher <model folder>")
+    for row in TEACHER_ROWS:
+        table[row].append(f"teacher.path={Path(args.teacher).resolve() if Path(args.teacher).exists() else args.teacher}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     runner = Runner(args, [f"run.name={args.run}", f"run.root={args.root}", *extra])
     tic = time.time()
     runner.parent("sft")
+    needed = sorted({parent for row in names for parent in ROW_PARENTS.get(row, ())})
     with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
         # the RM and the PRM both learn from the SFT model's samples only: they train side by side
-        for future in [pool.submit(runner.parent, name) for name in PARENTS if name != "sft"]:
+        for future in [pool.submit(runner.parent, name) for name in needed]:
             future.result()
     runner.evaluate("stage:sft", "sft")
     jobs = [(row, seed) for seed in seeds for row in names]

@@ -1,8 +1,7 @@
-"""scripts/rl_table.py on the tiny model: parents (SFT, and RM/PRM on the SFT model's own samples),
-(a random-init tiny model never answers correctly, so
-its RM and PRM learn from the data's pairs and step labels here), three rows at one equal sample budget, their evaluations, the table; a second invocation trains and
-evaluates nothing. The rows are rewarded by a user function that scores every other completion 1
-(the random-init policy never answers correctly, and offline RFT needs samples to keep)."""
+"""scripts/rl_table.py on the tiny model: the SFT parent (and only the reward models the rows read), three
+rows at one equal sample budget, their evaluations, the table; a second invocation trains and evaluates nothing.
+The rows are rewarded by a user function that scores every other completion 1 (the random-init policy never
+answers correctly, and offline RFT needs samples to keep). The distill rows' commands take --teacher."""
 from __future__ import annotations
 
 import csv
@@ -65,3 +64,21 @@ def test_every_row_sees_the_same_number_of_samples(tmp_path):
         passes = [float(p["pass"]) for p in points if p["model"] == m]
         assert passes == sorted(passes)  # pass@K never falls with K
     assert (root / "passk" / "passk.png").stat().st_size > 1000
+
+
+def test_distill_rows_take_the_teacher_and_no_reward_model_is_trained_for_them(tmp_path):
+    script = [sys.executable, str(REPO / "scripts" / "rl_table.py"), "--dry-run", "--seeds", "0"]
+    plan = subprocess.run([*script, "--rows", "grpo,distill,distill_outcome", "--teacher", "builtin:tiny"],
+                          cwd=tmp_path, env=rl_env(), capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    lines = plan.stdout.splitlines()
+    trains = [line for line in lines if line.startswith("rlft train")]
+    assert [line.split()[2] for line in trains] == ["algo=sft", "algo=grpo", "algo=distill", "algo=distill"]
+    assert all("teacher.path=builtin:tiny" in line for line in trains[2:])
+    assert "algo.outcome_weight=1.0" in trains[3] and "teacher.path" not in trains[1]
+    ppo = subprocess.run([*script, "--rows", "ppo"], cwd=tmp_path, env=rl_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert "rlft train algo=rm" in ppo.stdout and "algo=prm" not in ppo.stdout  # the critic starts from the RM
+    refused = subprocess.run([*script, "--rows", "distill"], cwd=tmp_path, env=rl_env(), capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0 and "--teacher" in refused.stderr.strip().splitlines()[-1]
