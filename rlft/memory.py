@@ -11,6 +11,7 @@ Model states (bytes per parameter, divided over the ranks that shard them):
     Adam         8 x trainable (two fp32 moments)               sharded by ZeRO 1-3 (CPU with offload)
     reference    the weights again (RL with a KL term, full fine-tuning; LoRA's reference is the base
                  model with the adapter off, no copy)
+    teacher      on-policy distillation: the teacher's weights (its own parameter count)  sharded by ZeRO-3
 
     ZeRO-3 live gathered parameters that DeepSpeed keeps between uses, up to
                  stage3_max_live_parameters (1e9 by default: a model under 1B parameters stays whole)
@@ -109,6 +110,7 @@ class Setup:
     load_in_4bit: bool = False  # QLoRA: the layers' linear weights in NF4 (model.lora.load_in_4bit)
     offload_optimizer: bool = False
     reference: bool = False  # an RL stage with a KL term (needs the reference's log-probs)
+    teacher_params: int = 0  # on-policy distillation: the teacher's parameters (0: no teacher)
     activation_checkpointing: bool = False
     micro_batch_tokens: int = 0  # positions of one training micro-batch (sequences x padded length)
     loss_tokens: int = 0  # of those, the ones whose logits are computed (responses)
@@ -163,6 +165,7 @@ def estimate(shape: Shape, s: Setup, cpu: bool = False, rank0: bool = True) -> E
     est.parts["gradients"] = 0.0 if on_host else T * (4 if z == 3 else wb) / (n if z >= 2 else 1)
     est.parts["Adam"] = 0.0 if on_host else T * 8 / (n if z >= 1 else 1)
     est.parts["reference"] = P * wb / shard3 if (s.reference and not lora) else 0.0
+    est.parts["teacher"] = s.teacher_params * wb / shard3  # frozen, loaded like the reference (even beside LoRA)
     if z >= 2 and not lora:
         bucket = s.bucket_elements or max(shape.hidden ** 2, 2**20)
         est.parts["reduce bucket"] = min(bucket, T) * 4

@@ -72,6 +72,11 @@ def test_reference_lora_and_offload():
     assert off.parts["fp32 master"] == 0 and off.parts["gradients"] == 0  # ZeRO-Offload keeps them on the host
     on_cpu = memory.estimate(SMALL, memory.Setup(precision="bf16", zero_stage=2, offload_optimizer=True), cpu=True)
     assert on_cpu.parts["Adam"] == 8 * SMALL.params  # a CPU run: the host is the device
+    # a distillation teacher: its own weights, beside a LoRA student too, sharded by ZeRO-3 only
+    teacher = memory.Setup(precision="bf16", lora_rank=4, teacher_params=3 * SMALL.params)
+    assert memory.estimate(SMALL, teacher).parts["teacher"] == 2 * 3 * SMALL.params
+    sharded = memory.Setup(precision="bf16", zero_stage=3, world=2, teacher_params=3 * SMALL.params)
+    assert memory.estimate(SMALL, sharded).parts["teacher"] == 3 * SMALL.params
 
 
 def test_phases_and_peak():
