@@ -61,7 +61,8 @@ def algo(**over):
                 dual_clip_c=None, c=10.0, kl_at="old", avg_tokenwise=False, updates_per_rollout=1,
                 minibatches_per_rollout=1, max_new_tokens=16, samples_per_prompt=2,
                 temperature=1.0, policy_loss="ppo_clip", loss_agg="token-mean", kl_estimator="k1", kl_in="reward",
-                kl_coef=0.1, eps_adv=1e-4, std_unbiased=True, scale_by_std=True, rft_threshold=0.5, outcome_weight=0.0, gamma=1.0,
+                kl_coef=0.1, eps_adv=1e-4, std_unbiased=True, scale_by_std=True, rft_threshold=0.5, outcome_weight=0.0,
+                distill_coef=1.0, gamma=1.0,
                 lam=0.95, whiten_advantages=False)
     return SimpleNamespace(**{**base, **over})
 
