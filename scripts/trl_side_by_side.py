@@ -17,8 +17,9 @@ group-std scaling, as rlft's `grpo` advantage does.
 
 What differs and cannot be made equal: the order in which prompts are drawn (TRL's sampler and rlft's seeded
 shuffles), the warm-up's first rate (TRL from 0, rlft from train.min_lr_ratio x lr), and TRL's generation and
-forward code. Writes <out>/final (the trained model), <out>/trl.json (settings, wall time, per-step reward), then
-runs `rlft eval` on it unless --no-eval.
+forward code. Writes <out>/final (the trained model), <out>/trl.json (settings, wall time = the sum of the step
+times, per-step reward), then runs `rlft eval` on it unless --no-eval. A checkpoint every --save-every steps
+(<out>/trl/checkpoint-N, the last one kept): rerunning the same command resumes there.
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--save-every", type=int, default=10, help="optimizer steps between checkpoints (a rerun of the "
+                   "same command resumes from the last)")
     p.add_argument("overrides", nargs="*", help="rlft overrides (after --) that define the run")
     args = p.parse_args()
     out = Path(args.out)
@@ -87,20 +90,27 @@ def train(args, out: Path) -> None:
         return scores
 
     class Clock(TrainerCallback):
-        def __init__(self):
-            self.steps: list[dict] = []
+        """Each optimizer step's time and mean reward, appended to <out>/steps.jsonl as it ends (a resumed run
+        keeps the steps before its checkpoint; the steps after it are trained, and written, again)."""
+
+        def __init__(self, log: Path):
+            self.log, self.mark = log, 0
+
+        def on_train_begin(self, unused_args, state, *unused, **kw):
+            kept = [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.is_file() else []
+            self.log.write_text("".join(json.dumps(r) + "\n" for r in kept[:state.global_step]))
 
         def on_step_begin(self, *unused, **kw):
             self.tic = time.perf_counter()
 
-        def on_step_end(self, *unused, **kw):
-            n = len(self.steps)
-            per_step = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-            batch = rewards[n * per_step:(n + 1) * per_step]
-            self.steps.append({"step_s": time.perf_counter() - self.tic,
-                               "reward": sum(batch) / max(len(batch), 1)})
-            print(f"[trl] step {n + 1}/{cfg.train.max_steps}: {self.steps[-1]['step_s']:.1f}s reward "
-                  f"{self.steps[-1]['reward']:.3f}", file=sys.stderr, flush=True)
+        def on_step_end(self, unused_args, state, *unused, **kw):
+            batch, self.mark = rewards[self.mark:], len(rewards)
+            record = {"step": state.global_step, "step_s": time.perf_counter() - self.tic,
+                      "reward": sum(batch) / max(len(batch), 1)}
+            with open(self.log, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(f"[trl] step {record['step']}/{cfg.train.max_steps}: {record['step_s']:.1f}s reward "
+                  f"{record['reward']:.3f}", file=sys.stderr, flush=True)
 
     n = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     micro = int(cfg.train.micro_batch_per_device)
@@ -113,15 +123,16 @@ def train(args, out: Path) -> None:
         loss_type="grpo", scale_rewards="group", learning_rate=train_cfg.lr, lr_scheduler_type="constant_with_warmup",
         warmup_steps=train_cfg.warmup_steps, weight_decay=train_cfg.weight_decay, adam_beta1=train_cfg.adam_beta1,
         adam_beta2=train_cfg.adam_beta2, max_grad_norm=train_cfg.grad_clip, max_steps=train_cfg.max_steps,
-        logging_steps=10**6, save_strategy="no", report_to=[], bf16=False, use_cpu=not torch.cuda.is_available(),
+        logging_steps=10**6, save_strategy="steps", save_steps=args.save_every, save_total_limit=1, report_to=[], bf16=False, use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0, seed=args.seed, model_init_kwargs={"dtype": torch.float32},
         gradient_checkpointing=bool(cfg.deepspeed.activation_checkpointing))  # TRL's default is on; rlft's is the config's
-    clock = Clock()
+    clock = Clock(out / "steps.jsonl")
     trainer = GRPOTrainer(model=args.model, reward_funcs=task_reward, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[clock])
-    tic = time.time()
-    trainer.train()
-    wall = time.time() - tic
+    resume = any((out / "trl").glob("checkpoint-*"))  # an interrupted run continues from its last checkpoint
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    wall = sum(r["step_s"] for r in steps)
     trainer.save_model(str(out / "final"))
     tok.save_pretrained(str(out / "final"))
     settings = {k: getattr(config, k) for k in ("learning_rate", "num_generations", "per_device_train_batch_size",
@@ -129,7 +140,7 @@ def train(args, out: Path) -> None:
                                                 "loss_type", "scale_rewards", "max_steps", "warmup_steps",
                                                 "adam_beta2", "temperature", "gradient_checkpointing")}
     record = {"tool": "trl", "seed": args.seed, "model": args.model, "overrides": args.overrides,
-              "settings": settings, "samples": n * train_cfg.max_steps, "wall_s": wall, "steps": clock.steps}
+              "settings": settings, "samples": n * train_cfg.max_steps, "wall_s": wall, "steps": steps}
     (out / "trl.json").write_text(json.dumps(record, indent=1, default=str))
     print(f"[trl] {train_cfg.max_steps} steps, {n * train_cfg.max_steps} samples in {wall / 60:.1f} min", flush=True)
 
