@@ -208,8 +208,10 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"rl_table: unknown row(s) {', '.join(unknown)}; valid: {', '.join(table)}")
     if any(r in TEACHER_ROWS for r in names) and not args.teacher:
         raise SystemExit("rl_table: the distill rows need a teacher: --teacher <model folder>")
-    for row in TEACHER_ROWS:
-        table[row].append(f"teacher.path={Path(args.teacher).resolve() if Path(args.teacher).exists() else args.teacher}")
+    if args.teacher:  # a folder as an absolute path: the runs start in other directories
+        teacher = Path(args.teacher).resolve() if Path(args.teacher).exists() else args.teacher
+        for row in TEACHER_ROWS:
+            table[row].append(f"teacher.path={teacher}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     runner = Runner(args, [f"run.name={args.run}", f"run.root={args.root}", *extra])
     tic = time.time()

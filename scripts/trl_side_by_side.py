@@ -123,8 +123,9 @@ def train(args, out: Path) -> None:
         loss_type="grpo", scale_rewards="group", learning_rate=train_cfg.lr, lr_scheduler_type="constant_with_warmup",
         warmup_steps=train_cfg.warmup_steps, weight_decay=train_cfg.weight_decay, adam_beta1=train_cfg.adam_beta1,
         adam_beta2=train_cfg.adam_beta2, max_grad_norm=train_cfg.grad_clip, max_steps=train_cfg.max_steps,
-        logging_steps=10**6, save_strategy="steps", save_steps=args.save_every, save_total_limit=1, report_to=[], bf16=False, use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0, seed=args.seed, model_init_kwargs={"dtype": torch.float32},
+        logging_steps=10**6, save_strategy="steps", save_steps=args.save_every, save_total_limit=1, report_to=[],
+        bf16=False, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0, seed=args.seed,
+        model_init_kwargs={"dtype": torch.float32},
         gradient_checkpointing=bool(cfg.deepspeed.activation_checkpointing))  # TRL's default is on; rlft's is the config's
     clock = Clock(out / "steps.jsonl")
     trainer = GRPOTrainer(model=args.model, reward_funcs=task_reward, args=config, train_dataset=data,

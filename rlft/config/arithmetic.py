@@ -8,19 +8,22 @@ from rlft.config.algorithms import algo_spec
 from rlft.errors import ConfigError
 
 
-def trains_critic(cfg) -> bool:
-    """Whether this run trains a value model: an RL run whose advantage estimator needs one."""
+def advantage_needs(cfg, what: str) -> bool:
+    """Whether this run's advantage estimator declares `what` among its needs: an RL run with a per-token update
+    (a pairwise loss reads no estimator)."""
     from rlft.algos import ADVANTAGES
 
-    return algo_spec(cfg.algo).rl and cfg.algo.pairwise_loss is None and ADVANTAGES.needs(cfg.algo.advantage, "critic")
+    return algo_spec(cfg.algo).rl and cfg.algo.pairwise_loss is None and ADVANTAGES.needs(cfg.algo.advantage, what)
+
+
+def trains_critic(cfg) -> bool:
+    """Whether this run trains a value model: an RL run whose advantage estimator needs one."""
+    return advantage_needs(cfg, "critic")
 
 
 def uses_teacher(cfg) -> bool:
     """Whether this run scores its samples with a teacher: an RL run whose advantage estimator reads one."""
-    from rlft.algos import ADVANTAGES
-
-    return algo_spec(cfg.algo).rl and cfg.algo.pairwise_loss is None and ADVANTAGES.needs(cfg.algo.advantage,
-                                                                                          "teacher")
+    return advantage_needs(cfg, "teacher")
 
 
 def needs_reference(cfg) -> bool:

@@ -9,7 +9,7 @@ import re
 from typing import Any, Callable, Iterator, Optional
 
 from rlft.config.algorithms import algo_spec
-from rlft.config.arithmetic import derive, trains_critic, uses_teacher
+from rlft.config.arithmetic import advantage_needs, derive, trains_critic, uses_teacher
 from rlft.config.defaults import fill
 from rlft.config.fields import read_rule
 from rlft.config.schema import SECTIONS
@@ -164,10 +164,7 @@ def _iterative(cfg) -> bool:
 
 
 def _process_advantage(cfg) -> bool:
-    from rlft.algos import ADVANTAGES
-
-    return algo_spec(cfg.algo).rl and _pairwise_loss(cfg) is None and ADVANTAGES.needs(cfg.algo.advantage,
-                                                                                       "step_scores")
+    return advantage_needs(cfg, "step_scores")
 
 
 def _critic_unread(cfg, key):

@@ -392,8 +392,8 @@ class Experience:
                     ro.put(is_weight=weight)
         if "teacher_logp" in needs:  # the teacher's full distribution at the sampling temperature (no truncation)
             with self.timed("teacher"):
-                ro.put(teacher_logp=rollout_logp(self.teacher, ro, micro, rollout.temperature, packed=train.packing,
-                                                 max_tokens=budget, share_prompt=bool(train.share_prompt)))
+                ro.put(teacher_logp=rollout_logp(self.teacher, ro, micro, rollout.temperature,
+                                                 **{**how, "top_k": 0, "top_p": 1.0}))
         return keep
 
     def values(self, ro: rb.Rollout) -> None:
