@@ -4,6 +4,8 @@ A source is one of
   * a local file: `.jsonl` (one object per line), `.json` (a list of objects, or `{"data": [...]}`),
     or `.parquet`;
   * a local directory holding `<split>.jsonl`, `<split>.json` or `<split>.parquet`;
+  * a folder written by `datasets`' `save_to_disk`: a DatasetDict (its splits by name) or one Dataset
+    (split like a single file);
   * a hub dataset id such as `openai/gsm8k`, read with `datasets.load_dataset(source, name, split=split)`.
 
 Three row shapes are understood, each turned into canonical dicts by one function:
@@ -98,7 +100,30 @@ def _split_file(directory: Path, split: str) -> Path:
         candidate = directory / f"{split}{suffix}"
         if candidate.is_file():
             return candidate
-    raise DataError(f"{directory}: no {split}.jsonl, {split}.json or {split}.parquet")
+    raise DataError(f"{directory}: no {split}.jsonl, {split}.json or {split}.parquet, and not a folder saved by "
+                    "datasets' save_to_disk")
+
+
+def saved_by_datasets(directory: Path) -> str | None:
+    """"dict" for a DatasetDict's `save_to_disk` folder, "dataset" for one Dataset's, None otherwise."""
+    if (directory / "dataset_dict.json").is_file():
+        return "dict"
+    if (directory / "state.json").is_file() and (directory / "dataset_info.json").is_file():
+        return "dataset"
+    return None
+
+
+def _load_saved(directory: Path, split: str | None) -> list[dict]:
+    """Rows of a `save_to_disk` folder: the named split of a DatasetDict, or all of one Dataset."""
+    import datasets
+
+    saved = datasets.load_from_disk(str(directory))
+    if isinstance(saved, datasets.DatasetDict):
+        if split not in saved:
+            raise DataError(f"{directory}: the saved DatasetDict has no split '{split}' (it has "
+                            f"{', '.join(saved)}); set data.train_split / data.test_split")
+        saved = saved[split]
+    return [{**dict(row), ROW: i} for i, row in enumerate(saved, start=1)]
 
 
 def _load_hub(source: str, split: str, name: str | None) -> list[dict]:
@@ -117,6 +142,8 @@ def load_rows(source: str, split: str = "train", name: str | None = None) -> lis
     if not _looks_local(source):
         return _load_hub(source, split, name)
     path = Path(source).expanduser()
+    if path.is_dir() and saved_by_datasets(path):
+        return _load_saved(path, split if saved_by_datasets(path) == "dict" else None)
     if path.is_dir():
         path = _split_file(path, split)
     return read_file(path)

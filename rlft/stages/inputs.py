@@ -39,8 +39,12 @@ def builtin_rows(cfg, split: str) -> list[dict]:
 
 
 def single_file(cfg) -> bool:
-    """The data is one local file: no splits of its own, so the test split is carved from it."""
-    return not is_builtin(cfg) and Path(cfg.data.source).expanduser().is_file()
+    """The data is one local file (or one Dataset saved by `datasets`): no splits of its own, so the test split is
+    carved from it."""
+    if is_builtin(cfg):
+        return False
+    path = Path(cfg.data.source).expanduser()
+    return path.is_file() or (path.is_dir() and loading.saved_by_datasets(path) == "dataset")
 
 
 def held_out_indices(num_rows: int, fraction: float, seed: int) -> set[int]:
@@ -75,7 +79,7 @@ def user_rows(cfg, split: str) -> tuple[list[dict], str]:
         name = f"{data.source} [{split}]"
         if data.source not in _SAID:
             _SAID.add(data.source)
-            print(f"[rlft] {data.source} is a single file: {len(held)} of its rows are held out as the test split "
+            print(f"[rlft] {data.source} has no splits of its own: {len(held)} of its rows are held out as the test split "
                   f"(data.held_out_fraction={data.held_out_fraction:g}, data.split_seed={data.split_seed})", flush=True)
     else:
         split_name = data.train_split if split == "train" else data.test_split

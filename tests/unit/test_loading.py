@@ -55,6 +55,25 @@ def test_load_split_from_directory(tmp_path):
         load_rows(str(tmp_path), split="validation")
 
 
+def test_load_a_folder_saved_by_datasets(tmp_path):
+    """`save_to_disk` folders: a DatasetDict gives its splits by name (a missing one names those it has); one
+    Dataset is all rows, split by the stage like a single file."""
+    import datasets
+
+    from rlft.data.loading import saved_by_datasets
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS),
+                          "test": datasets.Dataset.from_list(ROWS[:1])}).save_to_disk(str(tmp_path / "dict"))
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "one"))
+    assert load_rows(str(tmp_path / "dict")) == numbered(ROWS)
+    assert load_rows(str(tmp_path / "dict"), split="test") == numbered(ROWS[:1])
+    with pytest.raises(DataError, match=r"no split 'validation' \(it has train, test\)"):
+        load_rows(str(tmp_path / "dict"), split="validation")
+    assert load_rows(str(tmp_path / "one")) == numbered(ROWS)
+    assert [saved_by_datasets(tmp_path / d) for d in ("dict", "one")] == ["dict", "dataset"]
+    assert saved_by_datasets(tmp_path) is None
+
+
 def test_missing_file_names_the_path(tmp_path):
     missing = tmp_path / "nope" / "train.jsonl"
     with pytest.raises(DataError) as err:

@@ -119,6 +119,25 @@ def test_a_single_file_holds_out_a_seeded_share():
     assert len(inputs.held_out_indices(5, 0.1, 0)) == 1 and inputs.held_out_indices(1, 0.1, 0) == set()
 
 
+def test_one_saved_dataset_is_split_like_a_single_file(tmp_path):
+    import datasets
+    from omegaconf import OmegaConf
+
+    from rlft.config.schema import Config
+
+    rows = [{"question": f"{i}+1?", "answer": f"#### {i + 1}"} for i in range(20)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
+    cfg = OmegaConf.structured(Config)
+    cfg.data.source = str(tmp_path / "one")
+    assert inputs.single_file(cfg)
+    train, _ = inputs.user_rows(cfg, "train")
+    test, _ = inputs.user_rows(cfg, "test")
+    assert (len(train), len(test)) == (18, 2)
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "dict"))
+    cfg.data.source = str(tmp_path / "dict")
+    assert not inputs.single_file(cfg)
+
+
 def test_unverifiable_answers_are_named_or_counted():
     from omegaconf import OmegaConf
 
