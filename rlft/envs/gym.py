@@ -42,6 +42,22 @@ def task_options(env_cfg, name: str, mixed: bool) -> dict:
     return {k: (list(v) if hasattr(v, "__iter__") and not isinstance(v, str) else v) for k, v in options.items()}
 
 
+def check_task_options(env_cfg, task: str, mixed: bool, config_class) -> None:
+    """A ConfigError naming the task's options when env.task_config gives `task` one it does not have (with
+    env.tasks: when env.task_config names a task the run does not mix)."""
+    if mixed:
+        stray = [k for k in (env_cfg.task_config or {}) if k not in task_weights(env_cfg)]
+        if stray:
+            raise ConfigError(f"env.task_config.{stray[0]}: with env.tasks, env.task_config maps each of the run's "
+                              f"tasks to its options (env.task_config={{{task}:{{...}}}}); {stray[0]!r} is not one")
+    known = [f.name for f in dataclasses.fields(config_class) if f.name not in ("seed", "size")]
+    unknown = [k for k in task_options(env_cfg, task, mixed) if k not in known]
+    if unknown:
+        where = f"env.task_config.{task}" if mixed else "env.task_config"
+        raise ConfigError(f"{where}: reasoning-gym task {task!r} has no option {unknown[0]!r}; its options: "
+                          f"{', '.join(known)}")
+
+
 def extract(completion: str) -> str | None:
     """The completion's final answer: `#### a` or `\\boxed{a}` (the later), else the last <answer> tag."""
     answer = V.extract_answer(completion)
@@ -69,6 +85,8 @@ class ReasoningGymEnv(Environment):
             raise ValueError(f"env.task: unknown reasoning-gym task {unknown[0]!r}; e.g. "
                              f"{', '.join(sorted(reasoning_gym.factory.DATASETS)[:12])}, ... "
                              f"({len(reasoning_gym.factory.DATASETS)} tasks)")
+        for task in self.weights:
+            check_task_options(env_cfg, task, len(self.weights) > 1, reasoning_gym.factory.DATASETS[task][1])
         self.instruction = str(env_cfg.instruction or "")
         self.datasets: dict[tuple[str, str], object] = {}
         self.entries: dict[tuple[str, str], list[dict]] = {}  # generated once: the scorer reads them

@@ -140,6 +140,17 @@ def test_reasoning_gym_tasks_mix_by_weight_with_their_own_options():
         envs.build(cfg_with(name="reasoning_gym", task="no_such_task"))
 
 
+def test_a_task_option_the_task_lacks_is_one_line_naming_its_options():
+    with pytest.raises(ConfigError, match=r"^env.task_config: reasoning-gym task 'leg_counting' has no option "
+                                          r"'min_animal'; its options: min_animals, max_animals, "):
+        envs.build(cfg_with(name="reasoning_gym", task="leg_counting", task_config={"min_animal": 1}))
+    mixed = {"chain_sum": 1, "leg_counting": 1}
+    with pytest.raises(ConfigError, match=r"^env.task_config.chain_sum: .* no option 'min_term'"):
+        envs.build(cfg_with(name="reasoning_gym", tasks=mixed, task_config={"chain_sum": {"min_term": 2}}))
+    with pytest.raises(ConfigError, match=r"^env.task_config.min_terms: with env.tasks, env.task_config maps each"):
+        envs.build(cfg_with(name="reasoning_gym", tasks=mixed, task_config={"min_terms": 2}))
+
+
 # ----------------------------------------------------------------------------- user environments
 def test_a_user_environment_loads_by_import_path_and_bad_paths_are_one_line_errors():
     sys.path.insert(0, DATA)
