@@ -134,9 +134,13 @@ def hydra_overrides(args: list[str]) -> list[str]:
 
 def _check(args: list[str]) -> None:
     from rlft.errors import ConfigError
-    from rlft.overrides import check_overrides
+    from rlft.overrides import USER_CONFIG_DIRS, check_overrides, user_config_dirs
 
     overrides = hydra_overrides(args)
+    USER_CONFIG_DIRS[:] = user_config_dirs(args)
+    missing = [d for d in USER_CONFIG_DIRS if not d.is_dir()]
+    if missing:
+        fail(f"config folder not found: {missing[0]} (named by --config-dir or hydra.searchpath)")
     try:
         check_overrides(overrides)
     except ConfigError as exc:

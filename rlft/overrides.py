@@ -27,15 +27,41 @@ def conf_dir() -> Path:
     raise FileNotFoundError(f"rlft's conf/ directory was not found next to {here}")
 
 
+# The user's own config folders named on the command line (`hydra.searchpath=[file://<dir>]`, `--config-dir <dir>`):
+# Hydra composes from them as well as from conf/, so their recipes and presets are options like rlft's own.
+USER_CONFIG_DIRS: list[Path] = []
+
+
+def user_config_dirs(args: list[str]) -> list[Path]:
+    """The folders `--config-dir`/`-cd` and `hydra.searchpath=[file://...]` name in the arguments."""
+    dirs = []
+    for i, arg in enumerate(args):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(args):
+            dirs.append(args[i + 1])
+        elif arg.startswith(("--config-dir=", "-cd=")):
+            dirs.append(arg.split("=", 1)[1])
+        elif arg.lstrip("+").startswith("hydra.searchpath="):
+            value = arg.split("=", 1)[1].strip("[]")
+            dirs += [v.strip()[len("file://"):] for v in value.split(",") if v.strip().startswith("file://")]
+    return [Path(d).expanduser() for d in dirs]
+
+
+def option_file(group: str, option: str) -> Path:
+    """<group>/<option>.yaml in the user's config folders, else in conf/ (which may not have it)."""
+    for directory in [*USER_CONFIG_DIRS, conf_dir()]:
+        if (directory / group / f"{option}.yaml").is_file():
+            return directory / group / f"{option}.yaml"
+    return conf_dir() / group / f"{option}.yaml"
+
+
 def group_options(group: str) -> list[str]:
-    directory = conf_dir() / group
-    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+    return sorted({p.stem for directory in [*USER_CONFIG_DIRS, conf_dir()] for p in (directory / group).glob("*.yaml")})
 
 
 def option_description(group: str, option: str) -> str:
     """The first sentence(s) of conf/<group>/<option>.yaml's leading comment: its first paragraph,
     up to a line that starts a command example."""
-    path = conf_dir() / group / f"{option}.yaml"
+    path = option_file(group, option)
     parts = []
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
@@ -55,7 +81,7 @@ def algo_kind(preset: str) -> str | None:
     """The training loop conf/algo/<preset>.yaml picks (`/algo_schema/<kind>@algo`), if it exists."""
     from omegaconf import OmegaConf
 
-    path = conf_dir() / "algo" / f"{preset}.yaml"
+    path = option_file("algo", preset)
     if not path.is_file():
         return None
     for entry in OmegaConf.load(path).get("defaults") or []:
@@ -81,7 +107,7 @@ def experiment_algo(name: str) -> str | None:
     """The algorithm conf/experiment/<name>.yaml selects (`override /algo: <name>`), if any."""
     from omegaconf import OmegaConf
 
-    path = conf_dir() / "experiment" / f"{name}.yaml"
+    path = option_file("experiment", name)
     if not path.is_file():
         return None
     for entry in OmegaConf.load(path).get("defaults") or []:
@@ -228,7 +254,8 @@ def check_overrides(args: list[str]) -> None:
             for value in _values(o):
                 if value not in options:
                     raise ConfigError(f"unknown {key} '{value}'{_suggest(value, options)}; "
-                                      f"valid: {', '.join(options)} (see `rlft list {key}`)")
+                                      f"valid: {', '.join(options)} (see `rlft list {key}`; a file of your own: "
+                                      f"--config-dir <folder> holding {key}/{value}.yaml)")
             continue
         section, *rest = key.split(".")
         if section not in SECTIONS:

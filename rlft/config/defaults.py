@@ -256,7 +256,7 @@ def _file_sets(path: Path, key: str, global_package: bool, conf: Path, depth: in
 def source_of(key: str, overrides: list[str], choices: dict, filled: dict[str, str]) -> str:
     """Where a key's value came from: the command line, the recipe (`experiment=`), the algorithm's preset,
     the defaults table (or a resumed checkpoint), else the schema's default."""
-    from rlft.overrides import conf_dir
+    from rlft.overrides import conf_dir, option_file
 
     if key in filled:
         return filled[key]
@@ -265,7 +265,7 @@ def source_of(key: str, overrides: list[str], choices: dict, filled: dict[str, s
     conf = conf_dir()
     for group in ("experiment", "algo"):
         option = choices.get(group)
-        if option and _file_sets(conf / group / f"{option}.yaml", key, False, conf):
+        if option and _file_sets(option_file(group, option), key, False, conf):
             return f"{group}={option}"
     return "config"
 

@@ -6,6 +6,7 @@ before Hydra and before torch is imported, so each finishes in a few seconds.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import sys
 import time
 
@@ -176,3 +177,23 @@ def test_rlft_debug_shows_the_traceback_before_the_line(tmp_path):
     assert lines[-1].startswith("rlft: error: ") and "'nope'" in lines[-1]
     quiet = run_cli(tmp_path, "train", "algo=nope", *TINY, timeout=120)
     assert len(quiet.stderr.strip().splitlines()) == 1
+
+
+def test_a_recipe_of_the_users_own_is_an_experiment(tmp_path):
+    """`--config-dir <dir>` (or hydra.searchpath=[file://<dir>]) with <dir>/experiment/<name>.yaml: the checks know
+    it, Hydra composes it, the header names it as the source; an unknown one says how to add one."""
+    from rlft.overrides import user_config_dirs
+
+    recipe = tmp_path / "mine" / "experiment" / "short_grpo.yaml"
+    recipe.parent.mkdir(parents=True)
+    recipe.write_text("# @package _global_\ndefaults:\n  - override /algo: grpo\ntrain:\n  lr: 5.0e-5\n")
+    assert user_config_dirs(["--config-dir", "a", "x=1", "hydra.searchpath=[file://b,pkg://c,file://d]"]) == \
+        [Path("a"), Path("b"), Path("d")]
+    for flag in (["--config-dir", str(tmp_path / "mine")], [f"hydra.searchpath=[file://{tmp_path / 'mine'}]"]):
+        proc = run_cli(tmp_path, "train", "--cfg", "job", *flag, "experiment=short_grpo", timeout=120)
+        assert proc.returncode == 0, explain(proc)
+        assert "lr: 5.0e-05" in proc.stdout and "samples_per_prompt: 8" in proc.stdout
+    line = one_line_error(run_cli(tmp_path, "train", "experiment=short_grpo", timeout=120))
+    assert "unknown experiment 'short_grpo'" in line and "--config-dir <folder> holding experiment/short_grpo.yaml" in line
+    line = one_line_error(run_cli(tmp_path, "train", "--config-dir", str(tmp_path / "nope"), "algo=sft", timeout=120))
+    assert line == f"rlft: error: config folder not found: {tmp_path / 'nope'} (named by --config-dir or hydra.searchpath)"
