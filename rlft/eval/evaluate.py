@@ -34,7 +34,7 @@ from rlft.envs import episodes
 from rlft.errors import ConfigError
 from rlft.eval.compare import write_comparison
 from rlft.eval.metrics import maj_at_k_votes, pass_at_k
-from rlft.files import handoff
+from rlft.files import handoff, rundir
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet, ScoringModel
 from rlft.rollout import batch as rb
@@ -52,13 +52,19 @@ def eval_model_path(cfg) -> str:
 
 
 def output_dir(cfg, model_ref: str) -> Path:
-    """runs/<run.name>/eval/<tag>: eval.tag, the stage name, or the directory holding a `final/` model."""
+    """runs/<run.name>/eval/<tag>: eval.tag, the stage name, the directory holding a `final/` model, a local model's
+    own name (a GGUF file's without `.gguf`), a package's name, else the hub id."""
+    local = Path(model_ref).expanduser()
     if cfg.eval.tag:
         tag = cfg.eval.tag
     elif model_ref.startswith(handoff.STAGE_PREFIX):
         tag = model_ref[len(handoff.STAGE_PREFIX):]
-    elif Path(model_ref).name == "final":
-        tag = Path(model_ref).parent.name
+    elif local.name == "final":
+        tag = local.parent.name
+    elif local.exists():
+        tag = local.name[:-len(".gguf")] if local.name.endswith(".gguf") else local.name
+    elif model_ref.startswith("package:"):
+        tag = model_ref[len("package:"):]
     else:
         tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", model_ref.strip("/"))[-80:]
     return Path(cfg.run.root) / cfg.run.name / "eval" / tag
@@ -247,8 +253,9 @@ def run_eval(cfg) -> list[dict]:
                                      else handoff.STAGE_PREFIX + cfg.algo.name]
     if cfg.eval.tag and len(refs) > 1:
         raise ConfigError("eval.tag names one evaluation; drop it when eval.models lists several checkpoints")
-    for ref in refs:  # fail on a missing checkpoint before spending time on the others
+    for ref in refs:  # fail on a missing checkpoint or an unwritable output before spending time on the others
         eval_model_path(_with_model(cfg, ref))
+        rundir.make_dir(output_dir(_with_model(cfg, ref), ref))
     line = envs.build(cfg).describe()  # what the environment runs under (a sandbox refused before any model loads)
     if line:
         print(f"[rlft] {line}", flush=True)

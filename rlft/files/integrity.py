@@ -6,8 +6,9 @@ checkpoint and every Hugging Face directory rlft exports (final/, iterations/*/)
                            what is wrong in a few words (the first problem found)
 
 The list is written into the temporary directory before it is renamed into place, so a complete
-directory always carries it. Directories written before checksums existed have no list: they are
-accepted as unverified (`damage` says None, `verified` says False).
+directory always carries it. Directories without a list (written before checksums existed, or by another tool)
+are accepted as unverified (`verified` says False) once their `.safetensors` files' headers read and cover the
+file (a file cut short fails there).
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def damage(directory: Path) -> str | None:
         return "the directory is missing"
     listing = directory / CHECKSUMS
     if not listing.is_file():
-        return None
+        return unreadable_safetensors(directory)
     try:
         entries = json.loads(listing.read_text())
     except (OSError, ValueError):
@@ -70,6 +71,21 @@ def damage(directory: Path) -> str | None:
             return f"{rel} has {size} bytes where {entry['bytes']} were written (truncated or overwritten)"
         if file_sha256(path) != entry["sha256"]:
             return f"{rel} does not match its checksum (its bytes changed after it was written)"
+    return None
+
+
+def unreadable_safetensors(directory: Path) -> str | None:
+    """The first `.safetensors` file directly in `directory` whose header does not read or whose tensors do not
+    cover the file exactly (safetensors' own check), in a few words; None when all read."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for every damage
+            why = " ".join(str(exc).split())[:120]
+            return f"{path.name} cannot be read ({why}; truncated or not a safetensors file)"
     return None
 
 

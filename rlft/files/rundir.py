@@ -19,7 +19,7 @@ import socket
 import time
 from pathlib import Path
 
-from rlft.errors import CompletedStageError, StageLockedError
+from rlft.errors import CompletedStageError, RunDirError, StageLockedError
 from rlft.files import handoff
 
 LOCK = ".lock"
@@ -47,11 +47,21 @@ def _holder(lock: Path) -> dict | None:
         return None
 
 
+def make_dir(directory: Path) -> Path:
+    """Create `directory` (and its parents); a file system that refuses (read-only, no permission, a file in the
+    way) is one line naming the folder and the key that moves it."""
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"cannot create {directory}: {exc.strerror or exc}; "
+                          "set run.root=<a writable folder>") from None
+    return Path(directory)
+
+
 @contextlib.contextmanager
 def stage_lock(stage_dir: Path):
     """Hold `<stage_dir>/.lock` for the duration (StageLockedError when a live run holds it)."""
-    stage_dir = Path(stage_dir)
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    stage_dir = make_dir(stage_dir)
     lock = stage_dir / LOCK
     me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     for _ in range(3):
@@ -71,6 +81,9 @@ def stage_lock(stage_dir: Path):
                 f"{stage_dir} is being written by another run (pid {holder.get('pid')} on {holder.get('host')}, "
                 f"since {holder.get('started')}); wait for it or use another run.name (if that run is gone, "
                 f"delete {lock})") from None
+        except OSError as exc:  # a read-only file system, a folder without write permission
+            raise RunDirError(f"cannot write in {stage_dir}: {exc.strerror or exc}; "
+                              "set run.root=<a writable folder>") from None
         with os.fdopen(fd, "w") as f:
             json.dump(me, f)
         break

