@@ -9,5 +9,7 @@ import logging
 __version__ = "0.1.0"
 
 # bitsandbytes (QLoRA) logs at import, on CPUs with AVX512-BF16, that an optional kernel from the Hub is
-# missing; rlft does not use it, and the line would break rlft's one-line error messages.
-logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+# missing, and the `kernels` package it asks logs that it skips the publisher check offline; rlft uses neither
+# (transformers imports bitsandbytes whenever it is installed), and the lines would break rlft's one-line errors.
+for _name in ("bitsandbytes", "kernels"):
+    logging.getLogger(_name).setLevel(logging.ERROR)

@@ -103,8 +103,8 @@ def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm"
             from rlft import dist
 
             kwargs.update(quantization_config=lora.quantization_config(dtype), device_map={"": dist.info().device})
-        model = auto.from_pretrained(resolved_path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code,
-                                     **attention, **kwargs)
+        model = _from_pretrained(auto, head, resolved_path, dtype=dtype,
+                                 trust_remote_code=model_cfg.trust_remote_code, **attention, **kwargs)
         if quantize:
             lora.keep_standard_layout(model)
     if model.config.pad_token_id is None:
@@ -112,6 +112,32 @@ def load_model(model_cfg, resolved_path: str, tokenizer, head: str = "causal_lm"
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def _from_pretrained(auto, head: str, path: str, **kwargs) -> torch.nn.Module:
+    """`auto.from_pretrained`; a reward head on a causal-LM checkpoint says in one line that its scalar head starts
+    fresh (in place of transformers' load report table), and names any other weight the checkpoint lacked."""
+    if head == "causal_lm":
+        return auto.from_pretrained(path, **kwargs)
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        model, info = auto.from_pretrained(path, output_loading_info=True, **kwargs)
+    finally:
+        logging.set_verbosity(level)
+    backbone = f"{model.base_model_prefix}."
+    fresh = sorted(k for k in info["missing_keys"] if not k.startswith(backbone))  # the head: score.*, classifier.*
+    other = sorted(k for k in info["missing_keys"] if k not in fresh)
+    from rlft import dist
+
+    if fresh:
+        dist.print0(f"[rlft] {head} head: {', '.join(fresh)} initialised fresh (seeded) on the backbone of {path}")
+    if other:
+        dist.print0(f"[rlft] warning: {path} lacks {len(other)} weight(s) the {head} model has, initialised fresh: "
+                    f"{', '.join(other[:5])}{', ...' if len(other) > 5 else ''}")
     return model
 
 

@@ -274,3 +274,38 @@ def test_option_descriptions_are_whole_sentences():
 
 def test_leftovers_do_not_include_live_files(tmp_path):
     assert rundir.remove_temporaries(Path(tmp_path)) == []
+
+
+def test_a_reward_head_on_a_causal_checkpoint_is_one_line_not_a_load_report(tmp_path, capsys):
+    """transformers' LOAD REPORT table becomes one line naming the fresh head; the weights are as before (seeded)."""
+    from omegaconf import OmegaConf
+
+    from rlft.config.schema import Config
+    from rlft.models import load_model, load_tokenizer
+
+    cfg = OmegaConf.structured(Config)
+    tokenizer = load_tokenizer(cfg.model, "builtin:tiny")
+    load_model(cfg.model, "builtin:tiny", tokenizer).save_pretrained(tmp_path / "lm")
+    tokenizer.save_pretrained(tmp_path / "lm")
+    capsys.readouterr()
+    first = load_model(cfg.model, str(tmp_path / "lm"), tokenizer, head="rm", seed=3)
+    out = capsys.readouterr()
+    assert out.out.strip() == ("[rlft] rm head: score.weight initialised fresh (seeded) on the backbone of "
+                               f"{tmp_path / 'lm'}")
+    assert "LOAD REPORT" not in out.err
+    again = load_model(cfg.model, str(tmp_path / "lm"), tokenizer, head="rm", seed=3)
+    assert torch.equal(first.score.weight, again.score.weight)
+    first.save_pretrained(tmp_path / "rm")
+    capsys.readouterr()
+    load_model(cfg.model, str(tmp_path / "rm"), tokenizer, head="rm")
+    assert capsys.readouterr().out == ""  # a trained RM has its head: nothing to say
+
+
+def test_importing_rlft_silences_the_hub_kernel_lines_of_bitsandbytes():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "import rlft, bitsandbytes"], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert proc.returncode == 0
+    assert "publisher trust check" not in proc.stderr and "kernels-community" not in proc.stderr
