@@ -293,7 +293,11 @@ def test_a_stale_rollouts_loss_is_the_off_policy_loss_with_truncated_weights(one
     weight, _, _ = IS_CORRECTIONS.get("tis")(old, mu, mask, ISConfig("token", 2.0))
     adv = torch.tensor([[1.0], [-0.5]]).expand_as(mask).clone()
     ro.put(old_logp=old, is_weight=weight, adv=adv)
-    update.update_policy(fake, ro, Sums(), update.Shape.of(cfg), kl_coef=0.0)
+    stats = Sums()
+    update.update_policy(fake, ro, stats, update.Shape.of(cfg), kl_coef=0.0)
+    logged = stats.reduce()  # every metric the policy loss returns, as its token-weighted mean
+    assert {"clipfrac", "clipfrac_dual", "ratio_mean", "approx_kl", "entropy"} <= set(logged)
+    assert logged["ratio_mean"] == pytest.approx(1.0) and logged["approx_kl"] == pytest.approx(0.0, abs=1e-7)
     by_hand = -sum(a * sum(min(math.exp(s), 2.0) for s in shifts[i, :len(c)].tolist()) / len(c)
                    for i, (a, c) in enumerate(zip([1.0, -0.5], completions))) / 2
     assert fake.losses == pytest.approx([by_hand], rel=1e-6)
