@@ -48,8 +48,9 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def init(engine_cfg) -> DistInfo:
-    """Join (or create) the process group; idempotent within a process."""
+def init(deepspeed_cfg) -> DistInfo:
+    """Join (or create) the process group (the `deepspeed` config section: device, backend, threads); idempotent
+    within a process."""
     global _INFO
     if _INFO is not None:
         return _INFO
@@ -59,14 +60,14 @@ def init(engine_cfg) -> DistInfo:
     os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    device = pick_device(engine_cfg.device)
-    backend = engine_cfg.backend
+    device = pick_device(deepspeed_cfg.device)
+    backend = deepspeed_cfg.backend
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     local_world = int(os.environ["LOCAL_WORLD_SIZE"])
-    threads = engine_cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world)
+    threads = deepspeed_cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
 
     import deepspeed

@@ -26,6 +26,12 @@ class Sampling:
     suppress_tokens: tuple = ()  # never sampled (benchmarks: fixed-length completions)
     stop: tuple = ()  # strings that end a completion early (an environment's tool call); kept in it
 
+    @classmethod
+    def of_rollout(cls, rollout) -> "Sampling":
+        """The training rollout's distribution (the `rollout` config section): every stage that samples to
+        train (RL, online RFT/DPO, offline RFT, iterative RM data) samples with it."""
+        return cls(rollout.max_new_tokens, True, rollout.temperature, rollout.top_p, rollout.top_k)
+
 
 @dataclass
 class Generations:

@@ -182,7 +182,7 @@ class Experience:
         self.is_correction = is_correction
         self.ahead = None  # the AsyncSampler (rollout.max_staleness > 0)
         rollout = cfg.rollout
-        self.sampling = Sampling(rollout.max_new_tokens, True, rollout.temperature, rollout.top_p, rollout.top_k)
+        self.sampling = Sampling.of_rollout(rollout)
         self.train_rows = env.rows("train") if env is not None else []
         self.test_rows = env.rows("test")[:cfg.algo.eval_problems] if env is not None else []
         self.prompt_source = prompt_source(cfg, env, self.train_rows)
@@ -368,10 +368,10 @@ class Experience:
         return ro
 
     # ------------------------------------------------------------------ what the update reads
-    def logprobs(self, ro: rb.Rollout) -> torch.Tensor | None:
-        """pi_old and the reference's log-probs where the run needs them; with pi_old and the engine's
-        log-probs, their gap and the IS weights of the correction, and the mask of the tokens it keeps
-        (None: all)."""
+    def put_logprobs(self, ro: rb.Rollout) -> torch.Tensor | None:
+        """Put pi_old's, the reference's and the teacher's log-probs into the rollout where the run needs them;
+        with pi_old and the engine's log-probs, their gap and the IS weights of the correction. Returns the mask
+        of the tokens the correction keeps (None: all)."""
         keep, needs = None, self.needs
         with self.timed("logprobs"):
             train, rollout = self.cfg.train, self.cfg.rollout
@@ -425,7 +425,7 @@ class Experience:
 
     def prepare(self, ro: rb.Rollout, kl_coef: float) -> None:
         """Everything the update reads, from a scored rollout."""
-        keep = self.logprobs(ro)
+        keep = self.put_logprobs(ro)
         self.values(ro)
         self.advantages(ro, kl_coef, keep)
 

@@ -41,7 +41,7 @@ from rlft.stages.reward import prm_loss, rm_loss, step_count
 from rlft.trainer import Trainer
 
 
-def sample_records(env, ro) -> list[dict]:
+def rm_records(env, ro) -> list[dict]:
     """What the reward model needs from a scored rollout: the text, its row and the environment's verdict."""
     verdicts = env.scores(ro.rows, ro.completions)
     return [{"prompt": row["prompt"], "prompt_text": prompt_text, "completion": text, "row": row,
@@ -59,11 +59,9 @@ def hard_step_labels(it: "Iterations", record: dict) -> list[int]:
         return [1] * len(steps)
     prefixes = L.step_prefixes(steps)
     n = it.cfg.iterative.label_completions
-    r = it.cfg.rollout
     prompt_ids = [encode_prompt(it.experience.tokenizer, record["prompt_text"] + p) for p in prefixes]
-    gens = it.experience.episodes([record["row"]] * len(prefixes), prompt_ids, n,
-                          Sampling(r.max_new_tokens, True, r.temperature, r.top_p, r.top_k),
-                          seed=len(record["completion"]) * 7919 + it.ctx.info.rank)
+    gens = it.experience.episodes([record["row"]] * len(prefixes), prompt_ids, n, Sampling.of_rollout(it.cfg.rollout),
+                                  seed=len(record["completion"]) * 7919 + it.ctx.info.rank)
     hard, _ = L.mc_step_labels([gens.texts[j * n:(j + 1) * n] for j in range(len(prefixes))], prefixes,
                                lambda text: it.experience.env.score(record["row"], text).correct)
     return hard
@@ -181,7 +179,7 @@ class Iterations:
 
     def record(self, ro) -> None:
         if self.count > 1:
-            self.samples.extend(sample_records(self.experience.env, ro))
+            self.samples.extend(rm_records(self.experience.env, ro))
 
     def state(self) -> dict:
         """What a checkpoint carries: this iteration's samples so far."""

@@ -47,7 +47,7 @@ class PolicySampler:
         self.engine, why = build_engine(cfg, Frozen(self.model), tokenizer, device, seed=cfg.seed)
         self.engine.sync_weights(0)
         rollout = cfg.rollout
-        self.sampling = Sampling(rollout.max_new_tokens, True, rollout.temperature, rollout.top_p, rollout.top_k)
+        self.sampling = Sampling.of_rollout(rollout)
         self.budget = prompt_budget(self.model, rollout.max_new_tokens)
         dist.print0(f"[rlft] {cfg.algo.name}: labelling samples of {path}; rollout engine: {why}")
 
@@ -69,7 +69,7 @@ def questions(cfg, env, split: str, count: int) -> list[dict]:
     return [{"row": r, "gold_steps": s} for r, s in zip(rows, steps)]
 
 
-def sample_records(sampler: PolicySampler, cfg, split: str, count: int) -> list[dict]:
+def judged_samples(sampler: PolicySampler, cfg, split: str, count: int) -> list[dict]:
     """This rank's share of the questions, each with G completions judged by the environment (G consecutive
     records)."""
     info = dist.info()
@@ -92,7 +92,7 @@ def pair_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
     """RM examples from (correct, incorrect) sample pairs, and what was sampled."""
     sampler = PolicySampler(cfg, tokenizer, device)
     try:
-        records = sample_records(sampler, cfg, split, count)
+        records = judged_samples(sampler, cfg, split, count)
     finally:
         sampler.close()
     pairs = L.outcome_pairs(records, cfg.rollout.samples_per_prompt)
@@ -105,7 +105,7 @@ def step_examples(cfg, tokenizer, split: str, count: int, device) -> tuple[list[
     algo = cfg.algo
     sampler = PolicySampler(cfg, tokenizer, device)
     try:
-        records = sample_records(sampler, cfg, split, count)
+        records = judged_samples(sampler, cfg, split, count)
         rows, agree, total = [], 0, 0
         for i, r in enumerate(records):
             steps, _ = split_steps(r["completion"])

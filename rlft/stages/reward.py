@@ -144,7 +144,7 @@ def run(cfg, ctx: common.StageContext, head: str, examples, count_fn, loss) -> d
     common.seed_everything(cfg.seed)
     model = load_model(cfg.model, parent, tokenizer, head=head, seed=cfg.seed, trained=True)
     pad = tokenizer.pad_token_id
-    loss_fn = lambda eng, exs, denom: loss(eng, exs, denom, pad)  # noqa: E731
+    loss_fn = functools.partial(loss, pad_id=pad)
     dist.print0(f"{head}: {len(train)} training and {len(test)} held-out examples"
                 + (f"; {train_info | test_info}" if train_info else ""))
     trainer = Trainer(cfg, model)

@@ -8,6 +8,8 @@ all ranks), so the update is the same whatever the micro-batch size or number of
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rlft import dist
@@ -55,7 +57,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     test = inputs.sft_examples(cfg, tokenizer, "test")[:256]
     trainer = Trainer(cfg, model)
 
-    loss_fn = lambda eng, exs, denom: sft_loss(eng, exs, denom, tokenizer.pad_token_id, cfg.train.packing)  # noqa: E731
+    loss_fn = functools.partial(sft_loss, pad_id=tokenizer.pad_token_id, packed=cfg.train.packing)
     evaluate = (lambda: common.held_out(trainer, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
     summary = common.supervised_loop(ctx, trainer, train, response_token_count, loss_fn, evaluate=evaluate)
     common.finish(ctx, trainer, tokenizer, parent, summary)

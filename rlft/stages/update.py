@@ -96,21 +96,21 @@ def micro_forward(policy, ro: rb.Rollout, rows, temperature: float, packed: bool
     return ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
 
 
-def epoch_rollout(ro: rb.Rollout, a, group_size: int, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
+def epoch_rollout(ro: rb.Rollout, algo, group_size: int, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
     """The rollout as pass `epoch` sees it: with algo.shuffle_minibatches, this rank's groups in a
     fresh seeded order, so each pass cuts different minibatches."""
-    if shuffle_seed is None or not a.shuffle_minibatches:
+    if shuffle_seed is None or not algo.shuffle_minibatches:
         return ro
     return rb.take(ro, rb.group_shuffle_order(len(ro), group_size, shuffle_seed * 101 + epoch))
 
 
-def optimizer_steps(rollout: rb.Rollout, a, group_size: int, shuffle_seed: int | None):
+def optimizer_steps(rollout: rb.Rollout, algo, group_size: int, shuffle_seed: int | None):
     """(the rollout as this pass orders it, first row, rows) of each optimizer step: mu passes
     (`algo.updates_per_rollout`) of `algo.minibatches_per_rollout` steps each."""
     n = len(rollout)
-    per_mb = n // a.minibatches_per_rollout
-    for epoch in range(a.updates_per_rollout):
-        ro = epoch_rollout(rollout, a, group_size, epoch, shuffle_seed)
+    per_mb = n // algo.minibatches_per_rollout
+    for epoch in range(algo.updates_per_rollout):
+        ro = epoch_rollout(rollout, algo, group_size, epoch, shuffle_seed)
         for start in range(0, n, per_mb):
             yield ro, start, per_mb
 
@@ -121,16 +121,17 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
     engine-mismatch correction) each token's policy loss is reweighted before the KL term is added;
     the KL to the reference is measured whenever the rollout has reference log-probs and enters the
     loss with algo.kl_in=loss."""
-    a, dev = shape.algo, policy.device
-    policy_loss = POLICY_LOSSES.get(a.policy_loss)
-    aggregate = AGGREGATIONS.get(a.loss_agg)
-    kl_fn = KL_ESTIMATORS.get(a.kl_estimator)
-    pl_cfg = PolicyLossConfig(**{key: getattr(a, key) for key in POLICY_LOSSES.meta(a.policy_loss).get("options", ())})
-    for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
+    algo, dev = shape.algo, policy.device
+    policy_loss = POLICY_LOSSES.get(algo.policy_loss)
+    aggregate = AGGREGATIONS.get(algo.loss_agg)
+    kl_fn = KL_ESTIMATORS.get(algo.kl_estimator)
+    options = POLICY_LOSSES.meta(algo.policy_loss).get("options", ())
+    pl_cfg = PolicyLossConfig(**{key: getattr(algo, key) for key in options})
+    for ro, start, per_mb in optimizer_steps(ro, algo, shape.group_size, shuffle_seed):
         denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
         groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)
         stats.add("micro_batches", len(groups), 1)  # forwards per rank in this optimizer step
-        adv = ro.need("adv", f"policy loss {a.policy_loss}")
+        adv = ro.need("adv", f"policy loss {algo.policy_loss}")
         old_logp, ref_logp, is_weight = ro.get("old_logp"), ro.get("ref_logp"), ro.get("is_weight")
         for k, rows in enumerate(groups):
             ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed,
@@ -143,7 +144,7 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
             tokens = mask.sum().item()
             if ref_logp is not None:
                 kl = kl_fn(logp, ref_logp[rows, cols].to(dev))
-                if a.kl_in == "loss":
+                if algo.kl_in == "loss":
                     loss_tok = loss_tok + kl_coef * kl
                 stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
             policy.backward(aggregate(loss_tok, mask, denom), last=k == len(groups) - 1)
@@ -157,8 +158,8 @@ def update_critic(critic, ro: rb.Rollout, stats: Sums, shape: Shape, value_clip:
                   shuffle_seed: int | None = None) -> None:
     """The critic's optimizer steps (clipped value loss on the rollout's returns), over the same
     minibatches and forwards as the policy's."""
-    a, dev = shape.algo, critic.device
-    for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
+    algo, dev = shape.algo, critic.device
+    for ro, start, per_mb in optimizer_steps(ro, algo, shape.group_size, shuffle_seed):
         denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
         groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)
         old_values, returns = ro.need("values", "the value loss"), ro.need("returns", "the value loss")
@@ -179,13 +180,13 @@ def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise,
                     shuffle_seed: int | None = None) -> None:
     """Pairwise updates on rows (2j, 2j+1) with the PAIRWISE_LOSSES entry `algo.pairwise_loss`
     (P3O §10, online DPO §9); each micro-batch's loss is normalised by its optimizer step's counts."""
-    a, dev = shape.algo, policy.device
-    loss_fn = PAIRWISE_LOSSES.get(a.pairwise_loss)
-    cfg = PairLossConfig(eps=a.clip_eps_low, c=pairwise.c, kl_coef=kl_coef, kl_at=str(pairwise.kl_at),
+    algo, dev = shape.algo, policy.device
+    loss_fn = PAIRWISE_LOSSES.get(algo.pairwise_loss)
+    cfg = PairLossConfig(eps=algo.clip_eps_low, c=pairwise.c, kl_coef=kl_coef, kl_at=str(pairwise.kl_at),
                          avg_tokenwise=pairwise.avg_tokenwise, beta=pairwise.beta,
                          length_normalize=pairwise.length_normalize)
-    reader = f"pairwise loss {a.pairwise_loss}"
-    for ro, start, per_mb in optimizer_steps(ro, a, shape.group_size, shuffle_seed):
+    reader = f"pairwise loss {algo.pairwise_loss}"
+    for ro, start, per_mb in optimizer_steps(ro, algo, shape.group_size, shuffle_seed):
         m = ro.mask[start:start + per_mb]
         scores, s_ref, delta = (ro.need(name, reader) for name in ("pair_scores", "pair_s_ref", "delta"))
         old_logp, ref_logp = ro.need("old_logp", reader), ro.get("ref_logp")
