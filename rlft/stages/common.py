@@ -182,6 +182,13 @@ def held_out(trainer: Trainer, examples: list, loss_fn: LossFn, micro: int, pref
     return {prefix + name: value for name, value in sums.reduce().items()}
 
 
+def crossed(done: int, steps: int, every: int) -> bool:
+    """Whether a unit of `steps` optimizer steps that ended at step `done` passed a multiple of `every` (0: never):
+    a loop whose units are several steps long (an RL rollout's) logs, evaluates and saves at the first unit end
+    at or after each multiple, instead of only where a multiple falls on a unit end."""
+    return every > 0 and done // every > (done - steps) // every
+
+
 def training_loop(ctx: StageContext, trainer: Trainer, start_step: int, run_unit: Callable[[int], None],
                   logged: Callable[[int], dict], *, steps_per_unit: int = 1, evaluate: Callable[[], dict] | None = None,
                   eval_every: int = 0, eval_at_start: bool = False, client_state: Callable[[], dict] = dict,
@@ -190,9 +197,11 @@ def training_loop(ctx: StageContext, trainer: Trainer, start_step: int, run_unit
 
     For each unit (an optimizer step, or an RL rollout of `steps_per_unit` steps) from the one `start_step`
     falls in: `run_unit(unit)` trains it; then progress (rate, ETA), and at train.log_every the metrics
-    `logged(done)` (with a held-out `evaluate()` every `eval_every` steps) go to the console, metrics.jsonl
-    and wandb; a checkpoint (the step, the RNG and `client_state()`, with the companions' state) is written
-    every train.save_every steps, and on SIGINT/SIGTERM before stopping. `evaluate` runs once more at the end."""
+    `logged(done)` go to the console, metrics.jsonl and wandb, and a held-out `evaluate()` every `eval_every`
+    steps (on its own line when that is not a logging step); a checkpoint (the step, the RNG and
+    `client_state()`, with the companions' state) is written every train.save_every steps, and on
+    SIGINT/SIGTERM before stopping; each "every N steps" at the first unit end at or past each multiple of N
+    (`crossed`). `evaluate` runs once more at the end."""
     train = ctx.cfg.train
     tracker = Tracker(ctx.run_dir, ctx.cfg, ctx.info.is_main, train.max_steps, start_step)
     last: dict = {}
@@ -202,17 +211,20 @@ def training_loop(ctx: StageContext, trainer: Trainer, start_step: int, run_unit
         run_unit(unit)
         done = (unit + 1) * steps_per_unit
         tracker.advance(steps_per_unit)
-        if done % train.log_every == 0 or done == train.max_steps:
-            last = logged(done)
-            if evaluate is not None and eval_every and done % eval_every == 0 and done != train.max_steps:
-                last.update(evaluate())
-            tracker.log(done, last)
+        log_now = crossed(done, steps_per_unit, train.log_every) or done == train.max_steps
+        eval_now = evaluate is not None and crossed(done, steps_per_unit, eval_every) and done != train.max_steps
+        record = logged(done) if log_now else {}
+        if eval_now:
+            record.update(evaluate())
+        if record:
+            tracker.log(done, record)
+            last = record if log_now else {**last, **record}
 
         def save(done=done):
             state = {"step": done, "rng": rng_state(), **client_state()}
             return trainer.save_checkpoint(ctx.ckpt_root, done, state, train.keep_checkpoints, companions)
 
-        if train.save_every and done % train.save_every == 0 and done != train.max_steps:
+        if crossed(done, steps_per_unit, train.save_every) and done != train.max_steps:
             save()
         stop_if_signalled(ctx, done, save)
     if evaluate is not None:

@@ -301,3 +301,14 @@ def test_a_stale_rollouts_loss_is_the_off_policy_loss_with_truncated_weights(one
     by_hand = -sum(a * sum(min(math.exp(s), 2.0) for s in shifts[i, :len(c)].tolist()) / len(c)
                    for i, (a, c) in enumerate(zip([1.0, -0.5], completions))) / 2
     assert fake.losses == pytest.approx([by_hand], rel=1e-6)
+
+
+def test_every_n_steps_is_kept_when_a_unit_is_several_steps():
+    """A PPO rollout is 4 optimizer steps: eval_every=50 evaluates at the ends of the rollouts that pass 50, 100,
+    150 (steps 52, 100, 152), not only at the common multiples of 4, 10 and 50 (100, 200)."""
+    from rlft.stages.common import crossed
+
+    ends = range(4, 201, 4)
+    assert [d for d in ends if crossed(d, 4, 50)] == [52, 100, 152, 200]
+    assert [d for d in range(1, 11) if crossed(d, 1, 5)] == [5, 10]  # one step a unit: every multiple, as before
+    assert not any(crossed(d, 4, 0) for d in ends)  # 0: never
