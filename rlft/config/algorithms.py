@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from rlft.config.fields import KLAt, KLIn, RewardSource, StepLabels, read_when
+from rlft.config.fields import KLAt, KLIn, RewardSource, StepLabels, free_on_resume, read_when
 from rlft.errors import ConfigError
 
 @dataclass
@@ -46,7 +46,7 @@ class RMConfig(RewardDataConfig):
     init_from: str = "stage:sft"
     num_eval_pairs: int = 200
     """Held-out preference pairs for pairwise accuracy."""
-    eval_every: int = 0
+    eval_every: int = free_on_resume(0)
     """Evaluate held-out accuracy every this many steps (0: only at the end)."""
 
 
@@ -68,7 +68,7 @@ class PRMConfig(RewardDataConfig):
     """Held-out step-labelled solutions for step accuracy."""
     frac_correct: float = 0.5
     """Built-in task: share of fully correct solutions among the step-labelled rows."""
-    eval_every: int = 0
+    eval_every: int = free_on_resume(0)
     """Evaluate held-out accuracy every this many steps (0: only at the end)."""
 
 
@@ -131,9 +131,9 @@ class RLConfig(AlgoConfig):
     shuffle_minibatches: bool = False
     """Reshuffle this rank's prompts (whole groups) before each pass, so the minibatches differ from
     pass to pass (PPO's default; off keeps each minibatch's prompts independent of the rank count)."""
-    eval_every: int = 0
+    eval_every: int = free_on_resume(0)
     """Held-out greedy accuracy every this many optimizer steps (0: only at the end)."""
-    eval_problems: int = 200
+    eval_problems: int = free_on_resume(200)
     """Held-out problems for the in-training accuracy."""
 
 
@@ -230,7 +230,7 @@ class DPOConfig(RewardDataConfig):
     """Divide each log-ratio by the response length (DeepSeekMath Eq. 12)."""
     num_eval_pairs: int = 200
     """Held-out preference pairs for the implicit-reward accuracy."""
-    eval_every: int = 0
+    eval_every: int = free_on_resume(0)
     """Evaluate held-out pairs every this many steps (0: only at the end)."""
 
 

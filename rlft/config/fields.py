@@ -46,6 +46,17 @@ def read_when(rule: str, default: Any = dataclasses.MISSING, *, default_factory:
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"read_when": rule})
 
 
+def free_on_resume(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A field that does not change what is trained (how long, how often to log or save, where and with how many
+    threads it runs): `resume=true` accepts a value that differs from the checkpoint's. A whole section declares
+    it with a class attribute `FREE_ON_RESUME: ClassVar[bool] = True`; every other option must match."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"free_on_resume": True})
+
+
+def is_free_on_resume(schema: type, field: dataclasses.Field) -> bool:
+    return bool(field.metadata.get("free_on_resume") or getattr(schema, "FREE_ON_RESUME", False))
+
+
 def read_rule(schema: type, field: dataclasses.Field) -> str | None:
     """The rule a field declares (its own, else its section's READ_WHEN), or None: every run reads it."""
     return field.metadata.get("read_when") or getattr(schema, "READ_WHEN", None)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from rlft.config.algorithms import ALGO_SCHEMAS, CriticConfig, IterativeConfig, PairwiseConfig, TeacherConfig
 from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, ModelKind, NonFinite, NonFinitePolicy, Precision,
-                                SpecialTokensInText, StepScorer, TruncationPolicy, WandbMode, read_when)
+                                SpecialTokensInText, StepScorer, TruncationPolicy, WandbMode, free_on_resume,
+                                is_free_on_resume, read_when)
 from rlft.data.synthetic import TaskSpec
 
 
@@ -20,19 +21,19 @@ class RunConfig:
     """Run name: every stage of one run writes under `<run.root>/<run.name>/<algo>/`."""
     root: str = "runs"
     """Directory that holds all runs (relative to the working directory)."""
-    dir: Optional[str] = None
+    dir: Optional[str] = free_on_resume(None)
     """Output directory of this stage; default `<root>/<name>/<algo.name>` (per job under -m)."""
-    objective: str = "auto"
+    objective: str = free_on_resume("auto")
     """Final metric a search sweeper optimises (e.g. hydra/sweeper=optuna): a key of the stage summary;
     auto: held-out accuracy, else the eval loss, else the training loss."""
 
 
 @dataclass
 class TrainConfig:
-    max_steps: Optional[int] = None
+    max_steps: Optional[int] = free_on_resume(None)
     """Optimizer steps to take (gradient-accumulation micro-steps not counted). Null: the defaults table
     (rlft/config/defaults.py: by model kind and stage; the run header says where each value came from)."""
-    max_samples: int = 0
+    max_samples: int = free_on_resume(0)
     """A budget in training samples instead of steps (0: off): RL and online loops count sampled completions,
     supervised stages the sequences trained on (a preference pair is two). When set it decides max_steps:
     the fewest steps (whole rollouts, whole iterations) that reach it. Every stage logs `samples_seen`."""
@@ -77,25 +78,25 @@ class TrainConfig:
     cache, reused by the group's completions) in the update and in the old and reference log-prob passes: on
     short completions after a long prompt most of the compute goes (docs/performance.md). The same log-probs
     and gradients up to floating-point order. Not with train.packing."""
-    logit_chunk_tokens: int = 1024
+    logit_chunk_tokens: int = free_on_resume(1024)
     """Tokens whose logits exist at once in the training and scoring forwards: they stop at the final hidden
     states and the LM head, log-softmax and entropy run a chunk of tokens at a time, only at the tokens that
     carry loss, each chunk recomputed in the backward (rlft/rollout/lm_head.py, docs/performance.md). 0: the
     model's own logits, all positions at once."""
-    log_every: Optional[int] = None
+    log_every: Optional[int] = free_on_resume(None)
     """Log metrics every this many optimizer steps (null: the defaults table)."""
-    save_every: Optional[int] = None
+    save_every: Optional[int] = free_on_resume(None)
     """Write a resumable checkpoint every this many optimizer steps (0: only at the end; null: the defaults
     table)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = free_on_resume(2)
     """Resumable checkpoints kept on disk (oldest removed first)."""
-    on_nonfinite: NonFinite = NonFinite.stop
+    on_nonfinite: NonFinite = free_on_resume(NonFinite.stop)
     """A non-finite loss: stop (before the update; one-line error, nothing non-finite saved) | drop (leave the
     micro-batches with a non-finite loss out of their optimizer step; stop when a whole step is non-finite or
     after max_nonfinite_steps such steps in a row). Non-finite weights are never saved."""
-    save_on_signal: bool = True
+    save_on_signal: bool = free_on_resume(True)
     """On SIGINT/SIGTERM, finish the optimizer step, write a checkpoint and stop (a second signal stops at once)."""
-    max_nonfinite_steps: int = 3
+    max_nonfinite_steps: int = free_on_resume(3)
     """drop: consecutive optimizer steps with dropped micro-batches before stopping."""
 
 
@@ -111,15 +112,15 @@ class DeepSpeedConfig:
     """Machines taking part; see README 'Multi-node' for the launch."""
     node_rank: int = 0
     """This machine's index among `nnodes` (0 is the one that writes outputs)."""
-    master_addr: str = "127.0.0.1"
+    master_addr: str = free_on_resume("127.0.0.1")
     """Rendezvous address (node 0's address) for multi-rank runs."""
-    master_port: int = 0
+    master_port: int = free_on_resume(0)
     """Rendezvous port; 0 picks a free port (single node only)."""
     backend: Backend = Backend.auto
     """Collective backend: auto (nccl on GPU, gloo on CPU) | gloo | nccl."""
     device: Device = Device.auto
     """auto (cuda when available, else cpu) | cpu | cuda."""
-    threads_per_rank: int = 0
+    threads_per_rank: int = free_on_resume(0)
     """torch CPU threads per rank; 0 divides the machine's cores among the local ranks."""
     offload_optimizer: bool = False
     """ZeRO optimizer-state offload to CPU memory (stages 1-3)."""
@@ -138,20 +139,20 @@ class DeepSpeedConfig:
 
 @dataclass
 class VLLMConfig:
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: float = free_on_resume(0.3)
     """GPU: share of the device's memory the colocated engine may take (weights + KV cache); the
     trainer keeps the rest."""
     kv_cache_gib: float = 0.0
     """KV cache per rank in GiB (0: from gpu_memory_utilization on a GPU, 0.25 GiB on CPU)."""
     tensor_parallel_size: int = 1
     """Ranks that shard one engine (consecutive ranks; must divide the number of ranks)."""
-    sleep: bool = True
+    sleep: bool = free_on_resume(True)
     """GPU: release the engine's memory while the trainer updates (vLLM sleep mode)."""
-    sleep_level: int = 2
+    sleep_level: int = free_on_resume(2)
     """vLLM sleep level: 1 keeps the weights in CPU memory, 2 drops them (they are synced again anyway)."""
     prefix_caching: bool = True
     """Share the prompt's KV cache among a group's completions."""
-    enforce_eager: bool = False
+    enforce_eager: bool = free_on_resume(False)
     """GPU: no CUDA graphs (slower decoding, faster start). CPU engines always run eager."""
     max_model_len: int = 0
     """Longest prompt + completion the engine accepts (0: train.max_seq_len + the longest max_new_tokens
@@ -196,7 +197,7 @@ class RolloutConfig:
     """Nucleus sampling."""
     top_k: int = 0
     """Top-k sampling (0: off)."""
-    batch_size: int = 128
+    batch_size: int = free_on_resume(128)
     """hf: sequences generated together on one rank (vllm schedules its own batches)."""
     hf_cache: HFCache = HFCache.static
     """hf: KV cache, static (preallocated; its decoding step is compiled on a GPU) | dynamic (faster on CPU for
@@ -440,6 +441,7 @@ class EnvConfig:
 
 @dataclass
 class LoggerConfig:
+    FREE_ON_RESUME: ClassVar[bool] = True
     wandb: WandbMode = WandbMode.auto
     """wandb mode: auto (online with WANDB_API_KEY, else offline) | online | offline | disabled."""
     project: str = "rlft"
@@ -450,6 +452,7 @@ class LoggerConfig:
 
 @dataclass
 class EvalConfig:
+    FREE_ON_RESUME: ClassVar[bool] = True  # `rlft eval` and the final evaluation: not what is trained
     num_problems: int = 200
     """Held-out problems evaluated (0 = the whole split)."""
     samples: int = 8
@@ -487,12 +490,12 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     seed: int = 0
     """Seed for model init, data order and sampling."""
-    resume: bool = False
+    resume: bool = free_on_resume(False)
     """Continue from the last resumable checkpoint of this stage (same run.name)."""
-    resume_allow_changes: list = field(default_factory=list)
+    resume_allow_changes: list = free_on_resume(default_factory=list)
     """Config keys (or section prefixes) that may differ from the checkpoint's on resume=true; others that change
     the result (model, data, seed, algorithm, batch, lr, ...) are refused with the list of differences."""
-    overwrite: bool = False
+    overwrite: bool = free_on_resume(False)
     """Replace a completed stage (its final/ and manifest); without it a rerun of a completed stage stops."""
     algo: Any = None
     """The algorithm and its settings (`rlft list algo`)."""
@@ -517,6 +520,29 @@ SECTIONS: dict[str, type] = {name: hint for name, hint in typing.get_type_hints(
 # Sections that were renamed: old name -> new. An override with the old name is a one-line error naming the new
 # one; a checkpoint's recorded config with the old name is read under the new one.
 RENAMED_SECTIONS = {"engine": "deepspeed"}
+
+
+def resume_free_keys() -> tuple[str, ...]:
+    """The keys `resume=true` lets differ from the checkpoint's: every option declared `free_on_resume` (a section
+    declares all of its own with FREE_ON_RESUME), from the schema; the `algo` section's from each loop's schema."""
+    import dataclasses
+
+    def walk(schema: type, prefix: str) -> set[str]:
+        if getattr(schema, "FREE_ON_RESUME", False):
+            return {prefix[:-1]}
+        out = set()
+        hints = typing.get_type_hints(schema)
+        for f in dataclasses.fields(schema):
+            if is_free_on_resume(schema, f):
+                out.add(prefix + f.name)
+            elif dataclasses.is_dataclass(hints.get(f.name)):
+                out |= walk(hints[f.name], f"{prefix}{f.name}.")
+        return out
+
+    keys = walk(Config, "")
+    for schema in ALGO_SCHEMAS.values():
+        keys |= walk(schema, "algo.")
+    return tuple(sorted(keys))
 
 
 def register_schemas() -> None:

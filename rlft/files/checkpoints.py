@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from rlft import dist
-from rlft.config.schema import RENAMED_SECTIONS
+from rlft.config.schema import RENAMED_SECTIONS, resume_free_keys
 from rlft.errors import DiskFullError, StageError
 from rlft.files.integrity import damage, space_shortage, write_checksums
 
@@ -105,15 +105,6 @@ def recorded_config(stage_dir: Path) -> dict | None:
     return None
 
 
-# Keys that do not change what is trained: free to differ on resume (max_steps may grow to extend a run).
-RESUME_FREE = ("resume", "resume_allow_changes", "overwrite", "train.max_steps", "train.max_samples",
-               "train.log_every", "train.save_every", "train.logit_chunk_tokens",
-               "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite_steps", "train.save_on_signal",
-               "logger", "eval", "run.objective", "run.dir", "deepspeed.threads_per_rank", "deepspeed.master_addr",
-               "deepspeed.master_port", "algo.eval_every", "algo.eval_problems", "rollout.vllm.gpu_memory_utilization",
-               "rollout.vllm.sleep", "rollout.vllm.sleep_level", "rollout.vllm.enforce_eager", "rollout.batch_size")
-
-
 def flatten(tree, prefix: str = "") -> dict:
     if isinstance(tree, dict):
         out = {}
@@ -158,7 +149,7 @@ def check_resume_config(saved: dict | None, cfg, path: Path) -> None:
     now = OmegaConf.to_container(cfg, resolve=True)
     saved = {RENAMED_SECTIONS.get(key, key): value for key, value in saved.items()}
     kind = str(getattr(cfg.algo, "kind", ""))
-    changed = config_changes(saved, now, RESUME_FREE, lambda k, old, new: unchanged_in_effect(k, old, new, kind))
+    changed = config_changes(saved, now, resume_free_keys(), lambda k, old, new: unchanged_in_effect(k, old, new, kind))
     accepted = [c for c in changed if any(c.split(":")[0] == a or c.startswith(a + ".")
                                           for a in map(str, cfg.resume_allow_changes))]
     refused = [c for c in changed if c not in accepted]
