@@ -106,9 +106,9 @@ class RLConfig(AlgoConfig):
     """Where the per-token KL goes: loss (GRPO) | reward (PPO, folded into the token rewards)."""
     adaptive_kl: bool = False
     """Adapt kl_coef towards kl_target (Ziegler et al. 2019)."""
-    kl_target: float = 6.0
+    kl_target: float = read_when("adaptive_kl", 6.0)
     """Adaptive KL: target sequence KL."""
-    kl_horizon: int = 10000
+    kl_horizon: int = read_when("adaptive_kl", 10000)
     """Adaptive KL: horizon in samples."""
     scale_by_std: bool = read_when("per_token_update", True)
     """Group advantages: divide group-centred rewards by the group std (False: Dr. GRPO)."""

@@ -139,6 +139,7 @@ class DeepSpeedConfig:
 
 @dataclass
 class VLLMConfig:
+    READ_WHEN: ClassVar[str] = "vllm_engine"
     gpu_memory_utilization: float = free_on_resume(0.3)
     """GPU: share of the device's memory the colocated engine may take (weights + KV cache); the
     trainer keeps the rest."""
@@ -199,17 +200,17 @@ class RolloutConfig:
     """Top-k sampling (0: off)."""
     batch_size: int = free_on_resume(128)
     """hf: sequences generated together on one rank (vllm schedules its own batches)."""
-    hf_cache: HFCache = HFCache.static
+    hf_cache: HFCache = read_when("hf_engine", HFCache.static)
     """hf: KV cache, static (preallocated; its decoding step is compiled on a GPU) | dynamic (faster on CPU for
     real models: docs/performance.md)."""
-    hf_compile: bool = True
+    hf_compile: bool = read_when("hf_engine", True)
     """hf on a GPU: compile the static-cache decoding step (torch.compile + CUDA graphs)."""
-    hf_share_prefill: bool = False
+    hf_share_prefill: bool = read_when("hf_engine", False)
     """hf with the dynamic cache: each distinct prompt of a generation batch is prefilled once and its keys and
     values shared by its samples (a group's G copies), instead of once per sample (docs/performance.md)."""
-    hf_bucket: bool = True
+    hf_bucket: bool = read_when("hf_engine", True)
     """hf: generate rows of similar prompt length together (less padding)."""
-    hf_pad_multiple: int = 16
+    hf_pad_multiple: int = read_when("hf_engine", 16)
     """hf: left-pad every batch to a multiple of this many tokens (few shapes to compile)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """The vLLM engine's settings (`rlft list keys rollout.vllm`)."""

@@ -251,6 +251,21 @@ def _async_unread(cfg, key):
         return "only asynchronous sampling (rollout.max_staleness > 0) reads it"
 
 
+def _adaptive_kl_unread(cfg, key):
+    if not getattr(cfg.algo, "adaptive_kl", False):
+        return "only the adaptive KL controller (algo.adaptive_kl=true) reads it"
+
+
+def _hf_engine_unread(cfg, key):
+    if str(cfg.rollout.engine) == "vllm":
+        return "only the hf rollout engine reads it (rollout.engine=vllm)"
+
+
+def _vllm_engine_unread(cfg, key):
+    if str(cfg.rollout.engine) == "hf":
+        return "only the vllm rollout engine reads it (rollout.engine=hf)"
+
+
 # read_when rule (rlft/config/fields.py) -> (cfg, field name) -> why this run does not read it, or None
 READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
     "async": _async_unread,
@@ -267,6 +282,9 @@ READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
     "iterative": _iterative_unread,
     "iterative_mc_labels": _iterative_mc_labels_unread,
     "policy_source": _policy_source_unread,
+    "adaptive_kl": _adaptive_kl_unread,
+    "hf_engine": _hf_engine_unread,
+    "vllm_engine": _vllm_engine_unread,
 }
 
 

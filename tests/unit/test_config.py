@@ -278,6 +278,18 @@ def test_distillation_needs_a_teacher_and_only_it_reads_one():
                      "rollout.samples_per_prompt=1"], "rollout.samples_per_prompt=1")
 
 
+def test_engine_options_and_the_kl_controllers_are_refused_where_unread():
+    """rollout.hf_* with the vllm engine, rollout.vllm.* with hf (auto may pick either: both read), the adaptive KL
+    controller's target and horizon without it."""
+    _one_line_error(["algo=grpo", "rollout.engine=vllm", "rollout.hf_cache=dynamic"], "rollout.hf_cache=dynamic",
+                    "only the hf rollout engine reads it")
+    _one_line_error(["algo=grpo", "rollout.engine=hf", "rollout.vllm.sleep=false"], "rollout.vllm.sleep=False",
+                    "only the vllm rollout engine reads it")
+    _one_line_error(["algo=ppo", "algo.kl_target=3"], "algo.kl_target=3.0", "algo.adaptive_kl=true")
+    validate(_compose(["algo=grpo", "rollout.hf_cache=dynamic", "rollout.vllm.sleep=false"]))  # engine auto
+    validate(_compose(["algo=ppo", "algo.adaptive_kl=true", "algo.kl_target=3", "algo.kl_horizon=100"]))
+
+
 def test_the_exact_step_scorer_needs_process_supervision_and_the_builtin_task():
     validate(_compose(["algo=grpo", "algo.advantage=grpo_process", "reward.process=exact"]))
     _one_line_error(["algo=grpo", "reward.process=exact"], "reward.process=exact", "grpo_process")
