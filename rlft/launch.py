@@ -22,6 +22,7 @@ from rlft.config.algorithms import algo_spec
 from rlft.config.arithmetic import grad_accum_steps, trains_critic
 from rlft.errors import LaunchError, RankUserError
 from rlft.files import handoff, rundir
+from rlft.files.integrity import write_text_atomic
 
 
 def job_dir(cfg) -> Path:
@@ -56,10 +57,7 @@ def batch_arithmetic(cfg) -> str:
 
 
 def write_config(cfg, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    tmp.write_text(OmegaConf.to_yaml(cfg))
-    os.replace(tmp, path)
+    write_text_atomic(path, OmegaConf.to_yaml(cfg))
 
 
 def preflight(cfg) -> None:

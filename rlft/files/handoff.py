@@ -11,7 +11,8 @@ from pathlib import Path
 
 from rlft import gguf
 from rlft.errors import DiskFullError, MissingInputError
-from rlft.files.integrity import damage, raise_if_disk_full, space_shortage, write_checksums
+from rlft.files.integrity import (damage, raise_if_disk_full, space_shortage, write_checksums,
+                                  write_text_atomic)
 
 STAGE_PREFIX = "stage:"
 BUILTIN_MODEL = "builtin:tiny"
@@ -29,19 +30,11 @@ def run_stage_dir(cfg, stage: str) -> Path:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def write_jsonl_atomic(path: Path, records: list) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
 
 
 def read_manifest(directory: Path) -> dict | None:

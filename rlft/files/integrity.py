@@ -33,6 +33,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through `.tmp-<name>-<pid>` beside it, renamed into place: a reader sees the old file or
+    the whole new one, and a writer that dies leaves only a temporary the next holder of the stage removes. rlft's
+    one way of writing a file of a run."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_checksums(directory: Path) -> None:
     """Record every file below `directory` (except the list itself) with its size and sha256."""
     directory = Path(directory)
@@ -40,9 +51,7 @@ def write_checksums(directory: Path) -> None:
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS):
         entries[path.relative_to(directory).as_posix()] = {"bytes": path.stat().st_size,
                                                             "sha256": file_sha256(path)}
-    tmp = directory / f".tmp-{CHECKSUMS}-{os.getpid()}"
-    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, directory / CHECKSUMS)
+    write_text_atomic(directory / CHECKSUMS, json.dumps(entries, indent=1, sort_keys=True) + "\n")
 
 
 def verified(directory: Path) -> bool:

@@ -18,7 +18,6 @@ training rows to <stage>/train_data.jsonl, the history iterative RL replays (doc
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from rlft.data import labels as L
 from rlft.data.encode import encode_pair, encode_prompts, encode_steps, prompt_budget
 from rlft.envs import episodes
 from rlft.files import handoff
+from rlft.files.integrity import write_text_atomic
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rollout.generate import Frozen, Sampling, build_engine
@@ -162,11 +162,7 @@ def save_rows(path: Path, examples: list[dict]) -> int:
     """Write the text rows of `examples` (those that have one) as JSON lines, atomically; the count."""
     rows = [ex["row"] for ex in examples if "row" in ex]
     if rows:
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)
 
 
