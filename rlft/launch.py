@@ -23,6 +23,7 @@ from rlft.config.arithmetic import grad_accum_steps, trains_critic
 from rlft.errors import LaunchError, RankUserError
 from rlft.files import handoff, rundir
 from rlft.files.integrity import write_text_atomic
+from rlft.model_source import resolve_model_path
 
 
 def job_dir(cfg) -> Path:
@@ -64,7 +65,7 @@ def preflight(cfg) -> None:
     """What can be checked before any rank starts and before anything of the stage is removed:
     input models (intact, complete), reward sources (user functions imported), the data (loaded
     and mapped, so a bad row is named in seconds). One-line errors."""
-    parent = handoff.resolve_model_path(cfg)
+    parent = resolve_model_path(cfg)
     from rlft import envs
     from rlft.algos import ADVANTAGES
     from rlft.data.loading import DataError
@@ -74,16 +75,16 @@ def preflight(cfg) -> None:
     algo, spec = cfg.algo, algo_spec(cfg.algo)
     functions = list(cfg.reward.functions) if spec.samples else []
     if trains_critic(cfg):
-        handoff.resolve_model_path(cfg, cfg.critic.init)
+        resolve_model_path(cfg, cfg.critic.init)
     if "rm" in functions:
-        handoff.resolve_model_path(cfg, cfg.reward.rm_path)
+        resolve_model_path(cfg, cfg.reward.rm_path)
     if "prm" in functions or (spec.rl and ADVANTAGES.needs(algo.advantage, "step_scores")
                               and cfg.reward.process == "prm"):
-        handoff.resolve_model_path(cfg, cfg.reward.prm_path)
+        resolve_model_path(cfg, cfg.reward.prm_path)
     if spec.samples:
         check_sources(cfg)  # imports first: a broken module is one line before the data is built
     if getattr(algo, "source", None) == "policy":
-        handoff.resolve_model_path(cfg, algo.sample_from)
+        resolve_model_path(cfg, algo.sample_from)
     policy_samples = getattr(algo, "source", None) == "policy"  # a reward model labels samples of its questions
     if spec.samples or policy_samples or spec.rows == "qa":  # the environment's rows, checked where it judges them
         tokenizer = None

@@ -35,6 +35,7 @@ from rlft.errors import ConfigError
 from rlft.eval.compare import write_comparison
 from rlft.eval.metrics import maj_at_k_votes, pass_at_k
 from rlft.files import handoff, rundir
+from rlft.model_source import resolve_model_path
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet, ScoringModel
 from rlft.rollout import batch as rb
@@ -48,7 +49,7 @@ def eval_model_path(cfg) -> str:
     path = cfg.model.path
     if path == "auto":
         path = handoff.STAGE_PREFIX + cfg.algo.name
-    return handoff.resolve_model_path(cfg, path)
+    return resolve_model_path(cfg, path)
 
 
 def output_dir(cfg, model_ref: str) -> Path:
@@ -151,12 +152,12 @@ def optional_model(cfg, ref: str, evaluated_path: str) -> str | None:
     if ref.startswith("auto"):
         stage = ref.partition(":")[2] or "sft"
         try:
-            path = handoff.resolve_model_path(cfg, handoff.STAGE_PREFIX + stage)
+            path = resolve_model_path(cfg, handoff.STAGE_PREFIX + stage)
         except handoff.MissingInputError:
             return None
         same = Path(path).resolve() == Path(evaluated_path).resolve() if Path(evaluated_path).exists() else False
         return None if same else path
-    return handoff.resolve_model_path(cfg, ref)
+    return resolve_model_path(cfg, ref)
 
 
 def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

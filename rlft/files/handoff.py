@@ -9,10 +9,8 @@ import shutil
 import time
 from pathlib import Path
 
-from rlft import gguf
-from rlft.errors import DiskFullError, MissingInputError
-from rlft.files.integrity import (damage, raise_if_disk_full, space_shortage, write_checksums,
-                                  write_text_atomic)
+from rlft.errors import DiskFullError
+from rlft.files.integrity import raise_if_disk_full, space_shortage, write_checksums, write_text_atomic
 
 STAGE_PREFIX = "stage:"
 BUILTIN_MODEL = "builtin:tiny"
@@ -48,57 +46,6 @@ def write_manifest(directory: Path, *, stage: str, parent: str, summary: dict, r
         "stage": stage, "run_name": run_name, "parent": parent, "final": "final", "data": data or {},
         "summary": summary, "completed": True, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     })
-
-
-def resolve_model_path(cfg, path: str | None = None) -> str:
-    """Turn model.path into something loadable: builtin:tiny, a directory or a hub id (a GGUF file or
-`package:<module>` becomes its converted folder, rlft/gguf.py; a LoRA adapter folder its merged model,
-rlft/lora.py).
-
-    `auto` means the algorithm's default input; `stage:<algo>` means this run's output of
-    that stage, which must be complete."""
-    path = path if path is not None else cfg.model.path
-    if path == "auto":
-        path = cfg.algo.init_from
-    if path.startswith(STAGE_PREFIX):
-        stage = path[len(STAGE_PREFIX):]
-        directory = run_stage_dir(cfg, stage)
-        final = directory / "final"
-        command = f"rlft train algo={stage} run.name={cfg.run.name}" + \
-            (f" run.root={cfg.run.root}" if cfg.run.root != "runs" else "")
-        if not (final.is_dir() and read_manifest(directory)):
-            raise MissingInputError(f"no completed '{stage}' checkpoint at {final}; make it first with: {command}")
-        problem = damage(final)
-        if problem:
-            raise MissingInputError(f"the '{stage}' model at {final} is damaged: {problem}; "
-                                    f"train it again with: {command} overwrite=true")
-        return str(final)
-    if path == BUILTIN_MODEL or path.startswith("builtin:"):
-        if path != BUILTIN_MODEL:
-            raise MissingInputError(f"unknown built-in model '{path}'; the built-in model is {BUILTIN_MODEL}")
-        return path
-    if gguf.is_gguf(path):  # a GGUF file, or the one a package ships: its plain folder (converted once)
-        return gguf.plain_folder(path)
-    local = Path(path).expanduser()
-    if (local / "adapter_config.json").is_file() and not (local / "config.json").is_file():
-        from rlft import lora  # a LoRA adapter folder: merged onto its base (once)
-
-        return lora.merged_folder(local, lambda base: resolve_model_path(cfg, base), cfg.model.trust_remote_code)
-    if local.exists():
-        if not (local / "config.json").is_file():
-            raise MissingInputError(f"{local} is not a Hugging Face model directory (no config.json)")
-        try:
-            json.loads((local / "config.json").read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MissingInputError(f"{local / 'config.json'} is not valid JSON ({exc}); the model directory is "
-                                    "damaged: copy or export it again") from None
-        problem = damage(local)  # rlft's own exports carry checksums.json
-        if problem:
-            raise MissingInputError(f"the model at {local} is damaged: {problem}; copy or export it again")
-        return str(local)
-    if path.startswith((".", "/", "~")) or path.count("/") > 1:
-        raise MissingInputError(f"model path {path} does not exist")
-    return path  # a hub id
 
 
 def replace_dir(src: Path, dst: Path) -> None:

@@ -22,7 +22,7 @@ import torch
 from rlft.algos.preference import solution_score_min
 from rlft.data.encode import collate_padded, encode_steps, pad_to
 from rlft.errors import RewardError
-from rlft.files import handoff
+from rlft.model_source import resolve_model_path
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
 from rlft.registry import UnknownNameError, import_path
 from rlft.rewards.verifiers import REWARD_FUNCTIONS
@@ -272,7 +272,7 @@ class RewardSet:
     @staticmethod
     def load_model(cfg, kind: str, device: torch.device) -> ScoringModel:
         ref = cfg.reward.rm_path if kind == "rm" else cfg.reward.prm_path
-        return ScoringModel(cfg, kind, handoff.resolve_model_path(cfg, ref), device)
+        return ScoringModel(cfg, kind, resolve_model_path(cfg, ref), device)
 
     def __call__(self, prompts: list, prompt_texts: list[str], completions: list[str],
                  rows: list[dict]) -> tuple[torch.Tensor, dict[str, list[float]]]:

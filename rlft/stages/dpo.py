@@ -21,7 +21,7 @@ import torch
 from rlft import dist
 from rlft.algos.preference import dpo_loss
 from rlft.data.encode import collate_padded, pad_to
-from rlft.files import handoff
+from rlft.model_source import resolve_model_path
 from rlft.models import load_model, load_tokenizer
 from rlft.rollout.logprobs import packed_logp, token_logp
 from rlft.stages import common, inputs, policy_data
@@ -77,7 +77,7 @@ def dpo_step_loss(trainer: Trainer, examples: list[dict], num_pairs_global: floa
 def run(cfg, ctx: common.StageContext) -> dict:
     common.prepare_run_dir(ctx)
     algo = cfg.algo
-    parent = handoff.resolve_model_path(cfg)
+    parent = resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     pad = tokenizer.pad_token_id
     common.seed_everything(cfg.seed)

@@ -28,8 +28,8 @@ from rlft.algos import (ADVANTAGES, IS_CORRECTIONS, AdvantageConfig, AdvantageIn
                         dynamic_sampling_keep_mask, pair_rollout_inputs)
 from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.envs import episodes
-from rlft.files import handoff
 from rlft.microbatch import rollout_groups
+from rlft.model_source import resolve_model_path
 from rlft.models import token_scores
 from rlft.rewards.scoring import ExactSteps, RewardSet
 from rlft.rollout import batch as rb
@@ -209,7 +209,7 @@ class Experience:
         if rollout.max_staleness:
             from rlft.rollout.async_sampler import AsyncSampler
 
-            experience.ahead = AsyncSampler(cfg, model_path or handoff.resolve_model_path(cfg),
+            experience.ahead = AsyncSampler(cfg, model_path or resolve_model_path(cfg),
                                             threads=int(rollout.sampler_threads), device=info.device)
             dist.at_shutdown(experience.ahead.close)
             dist.print0(f"[rlft] asynchronous sampling: {experience.ahead.describe()}")

@@ -26,8 +26,8 @@ from rlft import dist, envs
 from rlft.data import labels as L
 from rlft.data.encode import encode_pair, encode_prompts, encode_steps, prompt_budget
 from rlft.envs import episodes
-from rlft.files import handoff
 from rlft.files.integrity import write_text_atomic
+from rlft.model_source import resolve_model_path
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rollout.generate import Frozen, Sampling, build_engine
@@ -42,7 +42,7 @@ class PolicySampler:
     def __init__(self, cfg, tokenizer, device):
         self.cfg, self.tokenizer = cfg, tokenizer
         self.env = envs.build(cfg, tokenizer)
-        path = handoff.resolve_model_path(cfg, cfg.algo.sample_from)
+        path = resolve_model_path(cfg, cfg.algo.sample_from)
         self.model = load_model(cfg.model, path, tokenizer, seed=cfg.seed).to(device).eval()
         self.engine, why = build_engine(cfg, Frozen(self.model), tokenizer, device, seed=cfg.seed)
         self.engine.sync_weights(0)

@@ -19,7 +19,7 @@ import torch
 from rlft import dist
 from rlft.algos.preference import bradley_terry_loss, prm_bce_loss
 from rlft.data.encode import collate_padded, pad_to
-from rlft.files import handoff
+from rlft.model_source import resolve_model_path
 from rlft.models import last_token_index, load_model, load_tokenizer, token_scores
 from rlft.stages import common, inputs, policy_data
 from rlft.trainer import Trainer
@@ -133,7 +133,7 @@ def run(cfg, ctx: common.StageContext, head: str, examples, count_fn, loss) -> d
     """Train a reward model with the `head` (rm: one score per sequence, prm: per step) on
     examples(tokenizer, split) -> (examples, data summary), the loss normalised by count_fn(global batch)."""
     common.prepare_run_dir(ctx)
-    parent = handoff.resolve_model_path(cfg)
+    parent = resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
     (train, train_info), (test, test_info) = examples(tokenizer, "train"), examples(tokenizer, "test")

@@ -15,7 +15,7 @@ import torch
 from rlft import dist, envs
 from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.envs import episodes
-from rlft.files import handoff
+from rlft.model_source import resolve_model_path
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout.generate import Frozen, Sampling, build_engine
@@ -76,7 +76,7 @@ def example(prompt_ids: list[int], completion_ids: list[int], weights: list[int]
 
 def run(cfg, ctx: common.StageContext) -> dict:
     common.prepare_run_dir(ctx)
-    parent = handoff.resolve_model_path(cfg)
+    parent = resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
     model = load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True).to(ctx.info.device)

@@ -26,8 +26,8 @@ from rlft import dist
 from rlft.algos import AdaptiveKLController, frac_zero_std_groups
 from rlft.config.arithmetic import needs_reference, trains_critic, uses_teacher
 from rlft.errors import ConfigError
-from rlft.files import handoff
 from rlft.files.checkpoints import list_checkpoints
+from rlft.model_source import resolve_model_path
 from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardError
 from rlft.rollout import batch as rb
@@ -41,7 +41,7 @@ def build_critic(cfg, tokenizer) -> Trainer:
     """PPO's critic: a scalar head on every token, from the RM (or another model), own optimizer."""
     critic_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     critic_cfg.train.lr = cfg.critic.lr
-    path = handoff.resolve_model_path(cfg, cfg.critic.init)
+    path = resolve_model_path(cfg, cfg.critic.init)
     return Trainer(critic_cfg, load_model(cfg.model, path, tokenizer, head="rm", seed=cfg.seed, trained=True))
 
 
@@ -66,7 +66,7 @@ def tokenizer_mismatch(student, teacher) -> str | None:
 def teacher_path(cfg, tokenizer) -> str:
     """The teacher's loadable path, once its tokenizer is known to be the student's (one line, before any model
     loads): the teacher scores the student's token ids, so both must read an id as the same token."""
-    path = handoff.resolve_model_path(cfg, str(cfg.teacher.path))
+    path = resolve_model_path(cfg, str(cfg.teacher.path))
     own = OmegaConf.create({"tokenizer": None, "trust_remote_code": bool(cfg.model.trust_remote_code)})
     try:
         theirs = load_tokenizer(own, path)
@@ -167,7 +167,7 @@ def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
 def run(cfg, ctx: common.StageContext) -> dict:
     common.prepare_run_dir(ctx)
     algo = cfg.algo
-    parent = handoff.resolve_model_path(cfg)
+    parent = resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     teacher_at = teacher_path(cfg, tokenizer) if uses_teacher(cfg) else None
     common.seed_everything(cfg.seed)

@@ -14,7 +14,7 @@ import torch
 
 from rlft import dist
 from rlft.data.encode import collate_padded, pad_to
-from rlft.files import handoff
+from rlft.model_source import resolve_model_path
 from rlft.models import load_model, load_tokenizer
 from rlft.rollout.logprobs import packed_logp, response_start, token_logp
 from rlft.stages import common, inputs
@@ -47,7 +47,7 @@ def sft_loss(trainer: Trainer, examples: list[dict], num_tokens_global: float, p
 
 def run(cfg, ctx: common.StageContext) -> dict:
     common.prepare_run_dir(ctx)
-    parent = handoff.resolve_model_path(cfg)
+    parent = resolve_model_path(cfg)
     tokenizer = load_tokenizer(cfg.model, parent)
     common.seed_everything(cfg.seed)
     model = load_model(cfg.model, parent, tokenizer, head="causal_lm", seed=cfg.seed, trained=True)

@@ -47,7 +47,8 @@ def test_checksums_catch_changed_truncated_and_missing_files(tmp_path):
 def test_a_plain_model_path_is_checked_before_loading(tmp_path):
     """model.path=<folder>: a broken config.json, or a file that no longer matches the folder's checksums.json
     (rlft's exports carry one), is one line naming the file."""
-    from rlft.files.handoff import MissingInputError, resolve_model_path
+    from rlft.errors import MissingInputError
+    from rlft.model_source import resolve_model_path
 
     cfg = SimpleNamespace(model=SimpleNamespace(path=str(tmp_path / "m")))
     d = tmp_path / "m"
