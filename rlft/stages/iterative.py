@@ -25,7 +25,9 @@ the retraining at the end of iteration k sees the same data as without the inter
 """
 from __future__ import annotations
 
+import functools
 import random
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -37,7 +39,7 @@ from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rollout.sampling import Sampling
 from rlft.stages import common, inputs, policy_data
-from rlft.stages.reward import prm_loss, rm_loss, step_count
+from rlft.stages.reward import reward_loss
 from rlft.trainer import Trainer
 
 
@@ -133,15 +135,20 @@ def rm_train_config(cfg):
     return rm_cfg
 
 
-# kind -> (loss function, the global count it is normalised by)
-LOSSES = {"rm": (rm_loss, len), "prm": (prm_loss, step_count)}
+def trained_good_step_weight(path: str) -> float:
+    """The algo.good_step_weight a PRM stage was trained with, from the config.yaml beside its final/ (1.0 for a
+    PRM from elsewhere): its retraining on the policy's samples weighs correct steps as it did."""
+    recorded = Path(path).parent / "config.yaml"
+    if Path(path).name != "final" or not recorded.is_file():
+        return 1.0
+    return float(OmegaConf.select(OmegaConf.load(recorded), "algo.good_step_weight", default=1.0))
 
 
 def train_reward_model(it: "Iterations", kind: str, scorer, examples: list[dict]) -> dict:
     """A few optimizer steps of the RM/PRM loss on `examples`; the scorer gets the new weights."""
     rm_cfg = rm_train_config(it.cfg)
     pad = scorer.tokenizer.pad_token_id
-    loss_fn, count = LOSSES[kind]
+    loss_fn, count = reward_loss(kind, trained_good_step_weight(scorer.path) if kind == "prm" else 1.0)
     scorer.model.requires_grad_(True)
     trainer = Trainer(rm_cfg, scorer.model)
     losses = []
@@ -149,7 +156,7 @@ def train_reward_model(it: "Iterations", kind: str, scorer, examples: list[dict]
         sums = common.Sums()
         common.optimizer_step(trainer, examples,
                               common.step_indices(step, rm_cfg.train.batch_size, len(examples), it.cfg.seed + 17),
-                              count, lambda e, x, d: loss_fn(e, x, d, pad), rm_cfg.train, sums)
+                              count, functools.partial(loss_fn, pad_id=pad), rm_cfg.train, sums)
         losses.append(sums.reduce()["loss"])
     scorer.use(trainer.module)
     return {f"{kind}_retrain_loss_first": losses[0] if losses else float("nan"),

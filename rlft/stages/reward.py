@@ -100,6 +100,14 @@ def step_count(examples: list[dict]) -> int:
     return sum(len(ex["step_positions"]) for ex in examples)
 
 
+def reward_loss(kind: str, good_step_weight: float = 1.0):
+    """(loss function, the global count it is normalised by) of an RM or a PRM (`good_step_weight`: the PRM's
+    weight of correct steps): one definition for the reward stages and the iterative retraining."""
+    if kind == "rm":
+        return rm_loss, len
+    return functools.partial(prm_loss, good_weight=good_step_weight), step_count
+
+
 def run_rm(cfg, ctx: common.StageContext) -> dict:
     """Train an outcome RM (algo=rm) on preference pairs: the data's, or pairs of the policy's samples."""
     algo = cfg.algo
@@ -114,7 +122,7 @@ def run_rm(cfg, ctx: common.StageContext) -> dict:
 def run_prm(cfg, ctx: common.StageContext) -> dict:
     """Train a process RM (algo=prm) on step-labelled solutions: the data's, or the policy's samples."""
     algo = cfg.algo
-    loss = functools.partial(prm_loss, good_weight=algo.good_step_weight)
+    loss, _ = reward_loss("prm", algo.good_step_weight)
     if algo.source == "policy":
         return run(cfg, ctx, "prm", lambda tok, split: policy_data.step_examples(
             cfg, tok, split, algo.num_prompts if split == "train" else algo.num_eval_rows, ctx.info.device),

@@ -312,3 +312,18 @@ def test_every_n_steps_is_kept_when_a_unit_is_several_steps():
     assert [d for d in ends if crossed(d, 4, 50)] == [52, 100, 152, 200]
     assert [d for d in range(1, 11) if crossed(d, 1, 5)] == [5, 10]  # one step a unit: every multiple, as before
     assert not any(crossed(d, 4, 0) for d in ends)  # 0: never
+
+
+def test_iterative_prm_retraining_weighs_steps_as_the_prm_stage_did(tmp_path):
+    """The PRM's algo.good_step_weight (from the config.yaml beside its final/) is the retraining loss's too; the
+    RM and PRM stages and the retraining share one loss definition (reward_loss)."""
+    from rlft.stages.iterative import trained_good_step_weight
+    from rlft.stages.reward import prm_loss, reward_loss, rm_loss, step_count
+
+    (tmp_path / "prm" / "final").mkdir(parents=True)
+    (tmp_path / "prm" / "config.yaml").write_text("algo:\n  name: prm\n  good_step_weight: 2.5\n")
+    assert trained_good_step_weight(str(tmp_path / "prm" / "final")) == 2.5
+    assert trained_good_step_weight(str(tmp_path / "elsewhere")) == 1.0
+    loss, count = reward_loss("prm", 2.5)
+    assert loss.func is prm_loss and loss.keywords == {"good_weight": 2.5} and count is step_count
+    assert reward_loss("rm") == (rm_loss, len)
