@@ -199,3 +199,13 @@ def test_a_recipe_of_the_users_own_is_an_experiment(tmp_path):
     line = one_line_error(run_cli(tmp_path, "train", "--config-dir", str(tmp_path / "nope"), "algo=sft", timeout=120))
     assert line == (f"rlft: error: config folder not found: {tmp_path / 'nope'} "
                     "(named by --config-dir or hydra.searchpath)")
+
+
+def test_importing_rlft_silences_the_hub_kernel_lines_of_bitsandbytes():
+    import os
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", "import rlft, bitsandbytes"], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert proc.returncode == 0
+    assert "publisher trust check" not in proc.stderr and "kernels-community" not in proc.stderr
