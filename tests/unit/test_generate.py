@@ -107,3 +107,22 @@ def test_engine_choice():
     assert choose_engine("auto", cpu)[0] == "hf"
     with pytest.raises(ValueError, match="rollout.engine='x' is not valid; choose one of: auto, hf, vllm"):
         choose_engine("x", cpu)
+    assert choose_engine("auto", cpu)[1] == ("auto: CPU (vLLM's CPU decoding is slower than transformers' for "
+                                             "small models)")
+
+
+def test_an_engine_is_one_registry_entry(monkeypatch):
+    """choose_engine names no engine: a registered one that prefers GPUs and runs here is auto's choice there, one
+    that cannot run is refused by name with how to install it."""
+    from rlft.rollout import generate, sampling
+
+    gpu = torch.device("cuda", 0)
+    fake = generate.EngineSpec(lambda *a: None, lambda: None, auto_on=("cuda",))
+    monkeypatch.setattr(generate, "ENGINE_SPECS", {"hf": generate.ENGINE_SPECS["hf"], "fast": fake})
+    monkeypatch.setattr(generate, "ENGINES", ("auto", "hf", "fast"))
+    assert choose_engine("auto", gpu) == ("fast", "auto: GPU with fast installed")
+    broken = generate.EngineSpec(lambda *a: None, lambda: "fast is not importable", install="pip install fast")
+    monkeypatch.setitem(generate.ENGINE_SPECS, "fast", broken)
+    with pytest.raises(RuntimeError, match=r"rollout.engine=fast but fast is not importable; install it \(pip inst"):
+        choose_engine("fast", gpu)
+    assert sampling.ENGINES == ("auto", "hf", "vllm")

@@ -238,7 +238,7 @@ def test_each_rollout_engine_declares_its_default_correction():
     from rlft.rollout import generate, sampling
     from rlft.rollout.vllm_engine import VLLMEngine
 
-    assert set(generate.BUILDERS) == set(sampling.ENGINES) - {"auto"}
+    assert set(generate.ENGINE_SPECS) == set(sampling.ENGINES) - {"auto"}
     assert generate.HFEngine.default_is_correction == "none" and VLLMEngine.default_is_correction == "tis"
     cfg = SimpleNamespace(rollout=SimpleNamespace(is_correction="auto", max_staleness=0))
     assert experience.is_correction(cfg, SimpleNamespace(default_is_correction="tis")) == "tis"
