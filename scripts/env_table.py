@@ -28,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rlft.files.handoff import read_manifest
+
 ROWS = {
     "math": ["env=math"],
     "calculator": ["env=calculator"],
@@ -147,7 +149,7 @@ def main() -> None:
     def stage(out: Path, cmd: list[str]):
         if args.dry_run:
             print(" ".join(cmd))
-        elif not (out / "manifest.json").is_file():
+        elif read_manifest(out) is None:
             run(cmd, out.with_name(out.name + ".log"))
 
     def evaluated(row, name, model):

@@ -33,6 +33,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlft.files.handoff import read_manifest
+
 DEFAULT_BETAS = {"ppo": [0.01, 0.05, 0.2], "p3o": [0.01, 0.05, 0.2], "grpo": [0.01, 0.04, 0.2],
                  "online_dpo": [0.05, 0.1, 0.5]}
 # The key that sets each algorithm's KL strength: DPO's beta for online DPO, algo.kl_coef otherwise.
@@ -57,10 +59,6 @@ def rlft(*args: str) -> None:
         raise SystemExit(f"frontier: `rlft {' '.join(args[:3])} ...` failed (exit {code}); see its message above")
 
 
-def complete(stage_dir: Path) -> bool:
-    return (stage_dir / "manifest.json").is_file()
-
-
 def job_dirs(sweep: Path, algo: str) -> list[Path]:
     return sorted((p / algo for p in sweep.iterdir() if (p / algo).is_dir()), key=lambda p: int(p.parent.name)) \
         if sweep.is_dir() else []
@@ -80,7 +78,7 @@ def seed_of(stage_dir: Path) -> int:
 
 
 def finished(sweep: Path, algo: str) -> list[Path]:
-    return [d for sub in sorted(sweep.glob("sweep*")) for d in job_dirs(sub, algo) if complete(d)]
+    return [d for sub in sorted(sweep.glob("sweep*")) for d in job_dirs(sub, algo) if read_manifest(d) is not None]
 
 
 def train_sweep(args, algo: str, betas: list[float], common: list[str]) -> list[Path]:
@@ -201,7 +199,7 @@ def main(argv: list[str]) -> None:
     args.eval_args = [f"eval.num_problems={args.eval_problems}", f"eval.policy_samples={args.policy_samples}",
                       "eval.samples=4", "eval.k=[1,4]"]
     for stage in ("sft", "rm"):
-        if not complete(args.root / args.run / stage):
+        if read_manifest(args.root / args.run / stage) is None:
             rlft("train", f"algo={stage}", *common, *args.parent_arg)
     rows = [sft_point(args, common)]
     for algo in algos:

@@ -33,6 +33,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rlft.files.handoff import read_manifest
+
 # The reward models learn from the SFT model's own samples (docs/algorithms.md §2), with the data and
 # steps that took them past 0.85 held-out accuracy on those samples (docs/results.md: RM pair accuracy
 # 0.887, PRM balanced step accuracy 0.861; about an hour and 25 minutes on 2 cores).
@@ -85,10 +87,6 @@ ROW_PARENTS = {"grpo_process": ("prm",), "grpo_process_outcome": ("prm",), "grpo
 TEACHER_ROWS = ("distill", "distill_outcome")
 
 
-def complete(stage_dir: Path) -> bool:
-    return (stage_dir / "manifest.json").is_file()
-
-
 class Runner:
     def __init__(self, args, common: list[str]):
         self.args, self.common = args, common
@@ -117,13 +115,13 @@ class Runner:
         return ["deepspeed.threads_per_rank=1"] if self.args.jobs > 1 else []
 
     def parent(self, name: str) -> None:
-        if not complete(self.root / name):
+        if read_manifest(self.root / name) is None:
             preset = PARENTS[name] if self.args.reward_data == "policy" else PARENTS[name][:1]
             self.rlft("train", *preset, *self.threads(), *self.common, *scoped_args(self.args.parent_arg, name))
 
     def train_and_eval(self, row: str, overrides: list[str], seed: int) -> None:
         out = self.root / "table" / row / f"s{seed}"
-        if complete(out):
+        if read_manifest(out) is not None:
             budget = trained_budget(out)
             if budget != self.args.budget:
                 raise SystemExit(f"rl_table: {out} was trained with train.max_samples={budget}, not --budget "

@@ -16,6 +16,8 @@ import json
 import statistics
 from pathlib import Path
 
+from rlft.files.handoff import read_manifest
+
 
 def curve(metrics: Path) -> list[tuple[int, float]]:
     """(samples drawn, eval_greedy_accuracy) of each evaluation in one run, in order."""
@@ -56,7 +58,7 @@ def main() -> None:
     curves = {}
     for row in rows:
         runs = [root / "table" / row / f"s{s}" / "metrics.jsonl" for s in args.seeds.split(",")]
-        found = [curve(m) for m in runs if m.is_file() and (m.parent / "manifest.json").is_file()]
+        found = [curve(m) for m in runs if m.is_file() and read_manifest(m.parent) is not None]
         if found:
             curves[row] = (mean_curve(found), len(found))
     if args.reference not in curves:

@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from rlft.files.handoff import read_manifest
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -63,7 +65,7 @@ def train(run_root: Path, run: str, stage: str, overrides: list[str]) -> tuple[d
     """Run one stage (unless its manifest exists); its summary and wall seconds."""
     stage_dir = run_root / run / stage
     timing = stage_dir / "wall_s.txt"
-    if not (stage_dir / "manifest.json").is_file():
+    if read_manifest(stage_dir) is None:
         cmd = [sys.executable, "-m", "rlft.cli", "train", *overrides, f"run.root={run_root}", f"run.name={run}"]
         print("[scale_check] rlft " + " ".join(cmd[3:]), flush=True)
         start = time.time()
