@@ -72,13 +72,13 @@ class AdvantageConfig:
     std_unbiased: bool = True  # Bessel (n-1) std, as TRL/verl; False = population std
     scale_by_std: bool = True  # grpo: divide by the std; False = Dr. GRPO mean-only
     kl_coef: float = 0.0  # beta of the KL penalty inside the reward (rloo, reinforce_pp*, gae)
-    kl_estimator: str = "k1"  # estimator for that in-reward KL
+    kl_estimator: str = "k3"  # estimator for that in-reward KL (the config's default; PPO, RLOO, REINFORCE++: k1)
     gamma: float = 1.0  # discount (gae, reinforce_pp*)
     lam: float = 0.95  # GAE lambda
     whiten_advantages: bool = True  # gae: whiten A over the batch
     whiten_unbiased: bool = True  # gae: unbiased variance for whitening
     whiten_rewards: bool = False  # gae: whiten token rewards with shift_mean=False
-    rft_threshold: float = 0.0  # rft: a response is correct when score > threshold
+    rft_threshold: float = 0.5  # rft: a response is correct when score > threshold
     outcome_weight: float = 0.0  # grpo_process, distill: weight of the outcome (grpo) advantage added to every token
     distill_coef: float = 1.0  # distill: weight of the per-token teacher signal
     reduce: Reduce | None = None  # whitening statistics over every rank's rollout (None: this batch)

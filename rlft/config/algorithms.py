@@ -153,6 +153,10 @@ class CriticConfig:
     """GAE lambda."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the whole rollout (every rank's share)."""
+    whiten_rewards: bool = False
+    """Whiten the token rewards (scale only, mean kept) before GAE, over the whole rollout."""
+    whiten_unbiased: bool = True
+    """Whitening's variance with Bessel's correction (TRL, verl); false: population variance (lm-human-preferences)."""
 
 
 @dataclass

@@ -49,7 +49,8 @@ def advantage_config(algo, critic, kl_coef: float) -> AdvantageConfig:
                            distill_coef=algo.distill_coef,
                            kl_coef=kl_coef if algo.kl_in == "reward" else 0.0,
                            kl_estimator=algo.kl_estimator, gamma=critic.gamma, lam=critic.lam,
-                           whiten_advantages=critic.whiten_advantages, reduce=dist.sum_over_ranks)
+                           whiten_advantages=critic.whiten_advantages, whiten_rewards=critic.whiten_rewards,
+                           whiten_unbiased=critic.whiten_unbiased, reduce=dist.sum_over_ranks)
 
 
 def rollout_needs(algo, has_reference: bool, correction: str) -> frozenset[str]:

@@ -198,7 +198,7 @@ def test_t9_rloo_with_sequence_kl_in_reward():
     # one-token responses whose k1 = old_logp - ref_logp is the sequence KL
     batch = AdvantageInputs(scores=t(vec["scores"]), mask=full_mask(4, 1), group_size=4,
                             old_logp=t(vec["seq_k1_kl"]).unsqueeze(-1), ref_logp=torch.zeros(4, 1, dtype=torch.float64))
-    adv = ADVANTAGES.get("rloo")(batch, AdvantageConfig(kl_coef=vec["beta"])).adv
+    adv = ADVANTAGES.get("rloo")(batch, AdvantageConfig(kl_coef=vec["beta"], kl_estimator="k1")).adv
     torch.testing.assert_close(adv[:, 0], t(vec["advantages"]), **TOL)
 
 
@@ -209,7 +209,7 @@ def test_t9_reinforce_pp_returns_and_global_whitening():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
     batch = AdvantageInputs(scores=t([s["score"] for s in vec["seqs"]]), mask=mask,
                             old_logp=kl, ref_logp=torch.zeros_like(kl))
-    out = ADVANTAGES.get("reinforce_pp")(batch, AdvantageConfig(kl_coef=vec["beta"]))
+    out = ADVANTAGES.get("reinforce_pp")(batch, AdvantageConfig(kl_coef=vec["beta"], kl_estimator="k1"))
     ret, adv = vec["returns_to_go"], vec["normalized_advantages"]
     torch.testing.assert_close(out.returns, t([ret[0], ret[1] + [0.0]]), **TOL)
     torch.testing.assert_close(out.adv, t([adv[0], adv[1] + [0.0]]), **TOL)
@@ -246,7 +246,8 @@ def _t6_batch(mask):
 ])
 def test_t6_gae_estimator_with_kl_shaped_rewards(whiten, unbiased, key):
     vec, batch = _t6_batch(full_mask(1, 4))
-    cfg = AdvantageConfig(kl_coef=vec["beta"], gamma=1.0, lam=0.95, whiten_advantages=whiten, whiten_unbiased=unbiased)
+    cfg = AdvantageConfig(kl_coef=vec["beta"], kl_estimator="k1", gamma=1.0, lam=0.95, whiten_advantages=whiten,
+                          whiten_unbiased=unbiased)
     out = ADVANTAGES.get("gae")(batch, cfg)
     torch.testing.assert_close(out.adv[0], t(vec[key]), **TOL)
     torch.testing.assert_close(out.returns[0], t(vec["returns"]), **TOL)  # returns are never whitened
@@ -255,7 +256,8 @@ def test_t6_gae_estimator_with_kl_shaped_rewards(whiten, unbiased, key):
 def test_t6_gae_estimator_right_padding():
     exp = V["T6_gae_ppo"]["rlhf_kl_shaped_len3_padded"]
     vec, batch = _t6_batch(torch.tensor([[1, 1, 1, 0]], dtype=torch.bool))
-    out = ADVANTAGES.get("gae")(batch, AdvantageConfig(kl_coef=vec["beta"], whiten_advantages=False))
+    out = ADVANTAGES.get("gae")(batch, AdvantageConfig(kl_coef=vec["beta"], kl_estimator="k1",
+                                                               whiten_advantages=False))
     torch.testing.assert_close(out.adv[0], t(exp["advantages"]), **TOL)
     torch.testing.assert_close(out.returns[0], t(exp["returns"]), **TOL)
 
