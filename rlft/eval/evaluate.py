@@ -31,7 +31,7 @@ from rlft import envs
 from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.data.loading import DataError
 from rlft.envs import episodes
-from rlft.errors import ConfigError
+from rlft.errors import ConfigError, MissingInputError
 from rlft.eval.compare import write_comparison
 from rlft.eval.metrics import maj_at_k_votes, pass_at_k
 from rlft.files import handoff, rundir
@@ -153,7 +153,7 @@ def optional_model(cfg, ref: str, evaluated_path: str) -> str | None:
         stage = ref.partition(":")[2] or "sft"
         try:
             path = resolve_model_path(cfg, handoff.STAGE_PREFIX + stage)
-        except handoff.MissingInputError:
+        except MissingInputError:
             return None
         same = Path(path).resolve() == Path(evaluated_path).resolve() if Path(evaluated_path).exists() else False
         return None if same else path
