@@ -6,8 +6,9 @@
 Reads each run's metrics.jsonl (the evaluations the RL loop logs every algo.eval_every steps, on the
 algo.eval_problems held-out problems, with the samples drawn so far) under runs/<run>/table/<row>/s<seed>/.
 Writes runs/<run>/sample_curves.{csv,md,png}: the mean ± std over seeds at each evaluation, and for each row
-the fewest samples at which its mean accuracy reaches the reference row's final mean accuracy, as a share
-of the reference row's samples (the "fraction of GRPO's samples" a method needs for GRPO's result).
+the fewest samples at which its mean accuracy reaches the reference row's final mean accuracy (or --target,
+e.g. a teacher's accuracy), as a share of the reference row's samples (the "fraction of GRPO's samples" a
+method needs for GRPO's result), and the share of the target's gain over the start it reaches.
 """
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ def main() -> None:
     p.add_argument("--rows", default="grpo,distill,distill_outcome")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--reference", default="grpo", help="the row whose final accuracy the others are timed to")
+    p.add_argument("--target", type=float, default=None,
+                   help="an accuracy to time the rows to instead (e.g. the distillation teacher's held-out greedy "
+                        "accuracy); the table also gives the share of its gain over the start each row reaches")
     args = p.parse_args()
     root = Path(args.root) / args.run
     rows = [r for r in args.rows.split(",") if r]
@@ -64,19 +68,25 @@ def main() -> None:
     if args.reference not in curves:
         raise SystemExit(f"no finished run of the reference row {args.reference} under {root / 'table'}")
     ref_points = curves[args.reference][0]
-    target, ref_samples = ref_points[-1][1], ref_points[-1][0]
+    ref_samples = ref_points[-1][0]
+    target = args.target if args.target is not None else ref_points[-1][1]
+    what = f"the target {target:.3f}" if args.target is not None else f"{args.reference}'s final"
+    start = ref_points[0][1]
     csv = ["row,seeds,samples,accuracy_mean,accuracy_std"]
     md = [f"Held-out greedy accuracy (mean ± std over seeds) against training samples; `{args.reference}` "
-          f"ends at {target:.3f} after {ref_samples:,} samples.", "",
-          "| row | seeds | accuracy at each evaluation (samples: mean ± std) | final | samples to reach "
-          f"{args.reference}'s final | share of {args.reference}'s samples |", "|---|---|---|---|---|---|"]
+          f"ends at {ref_points[-1][1]:.3f} after {ref_samples:,} samples; start {start:.3f}, target {target:.3f}.",
+          "", "| row | seeds | accuracy at each evaluation (samples: mean ± std) | final | best | share of the target's "
+          f"gain (final, best) | samples to reach {what} | share of {args.reference}'s samples |",
+          "|---|---|---|---|---|---|---|---|"]
     for row, (points, n) in curves.items():
         csv += [f"{row},{n},{s},{m:.4f},{sd:.4f}" for s, m, sd in points]
         reach = samples_to_reach(points, target)
         cells = ", ".join(f"{s:,}: {m:.3f} ± {sd:.3f}" for s, m, sd in points)
         share = f"{reach / ref_samples:.2f}" if reach is not None else "not reached"
-        md.append(f"| {row} | {n} | {cells} | {points[-1][1]:.3f} | {reach if reach is not None else '–'} | "
-                  f"{share} |")
+        best = max(m for _, m, _ in points)
+        gain = lambda acc: f"{(acc - start) / (target - start):.2f}" if target != start else "–"  # noqa: E731
+        md.append(f"| {row} | {n} | {cells} | {points[-1][1]:.3f} | {best:.3f} | {gain(points[-1][1])}, "
+                  f"{gain(best)} | {reach if reach is not None else '–'} | {share} |")
     (root / "sample_curves.csv").write_text("\n".join(csv) + "\n")
     (root / "sample_curves.md").write_text("\n".join(md) + "\n")
     plot(curves, root / "sample_curves.png")
