@@ -63,7 +63,7 @@ def algo(**over):
                 temperature=1.0, policy_loss="ppo_clip", loss_agg="token-mean", kl_estimator="k1", kl_in="reward",
                 kl_coef=0.1, eps_adv=1e-4, std_unbiased=True, scale_by_std=True, rft_threshold=0.5, outcome_weight=0.0,
                 distill_coef=1.0, gamma=1.0,
-                lam=0.95, whiten_advantages=False)
+                lam=0.95, whiten_advantages=False, whiten_rewards=False, whiten_unbiased=True)
     return SimpleNamespace(**{**base, **over})
 
 
