@@ -75,8 +75,8 @@ def main() -> None:
     csv = ["row,seeds,samples,accuracy_mean,accuracy_std"]
     md = [f"Held-out greedy accuracy (mean ± std over seeds) against training samples; `{args.reference}` "
           f"ends at {ref_points[-1][1]:.3f} after {ref_samples:,} samples; start {start:.3f}, target {target:.3f}.",
-          "", "| row | seeds | accuracy at each evaluation (samples: mean ± std) | final | best | share of the target's "
-          f"gain (final, best) | samples to reach {what} | share of {args.reference}'s samples |",
+          "", "| row | seeds | accuracy at each evaluation (samples: mean ± std) | final | best | share of the "
+          f"target's gain (final, best) | samples to reach {what} | share of {args.reference}'s samples |",
           "|---|---|---|---|---|---|---|---|"]
     for row, (points, n) in curves.items():
         csv += [f"{row},{n},{s},{m:.4f},{sd:.4f}" for s, m, sd in points]

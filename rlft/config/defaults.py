@@ -94,10 +94,11 @@ class ModelKind:
 
 def _recorded_start(stage_dir: Path) -> Optional[tuple[str, str]]:
     """(model.path, algo.init_from) a finished or running stage recorded in its config.yaml, if any."""
-    path = stage_dir / "config.yaml"
-    if not path.is_file():
+    from rlft.files import handoff
+
+    recorded = handoff.stage_config(stage_dir)
+    if recorded is None:
         return None
-    recorded = OmegaConf.load(path)
     return str(OmegaConf.select(recorded, "model.path", default="auto")), \
         str(OmegaConf.select(recorded, "algo.init_from", default="builtin:tiny"))
 

@@ -53,10 +53,6 @@ def free_on_resume(default: Any = dataclasses.MISSING, *, default_factory: Any =
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"free_on_resume": True})
 
 
-def is_free_on_resume(schema: type, field: dataclasses.Field) -> bool:
-    return bool(field.metadata.get("free_on_resume") or getattr(schema, "FREE_ON_RESUME", False))
-
-
 def read_rule(schema: type, field: dataclasses.Field) -> str | None:
     """The rule a field declares (its own, else its section's READ_WHEN), or None: every run reads it."""
     return field.metadata.get("read_when") or getattr(schema, "READ_WHEN", None)

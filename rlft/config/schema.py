@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Optional
 from rlft.config.algorithms import ALGO_SCHEMAS, CriticConfig, IterativeConfig, PairwiseConfig, TeacherConfig
 from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, ModelKind, NonFinite, NonFinitePolicy, Precision,
                                 SpecialTokensInText, StepScorer, TruncationPolicy, WandbMode, free_on_resume,
-                                is_free_on_resume, read_when)
+                                read_when)
 from rlft.data.synthetic import TaskSpec
 
 
@@ -534,7 +534,7 @@ def resume_free_keys() -> tuple[str, ...]:
         out = set()
         hints = typing.get_type_hints(schema)
         for f in dataclasses.fields(schema):
-            if is_free_on_resume(schema, f):
+            if f.metadata.get("free_on_resume"):
                 out.add(prefix + f.name)
             elif dataclasses.is_dataclass(hints.get(f.name)):
                 out |= walk(hints[f.name], f"{prefix}{f.name}.")

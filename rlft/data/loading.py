@@ -142,8 +142,9 @@ def load_rows(source: str, split: str = "train", name: str | None = None) -> lis
     if not _looks_local(source):
         return _load_hub(source, split, name)
     path = Path(source).expanduser()
-    if path.is_dir() and saved_by_datasets(path):
-        return _load_saved(path, split if saved_by_datasets(path) == "dict" else None)
+    saved = saved_by_datasets(path) if path.is_dir() else None
+    if saved:
+        return _load_saved(path, split if saved == "dict" else None)
     if path.is_dir():
         path = _split_file(path, split)
     return read_file(path)

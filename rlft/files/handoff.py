@@ -40,6 +40,14 @@ def read_manifest(directory: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def stage_config(stage_dir: Path):
+    """The resolved config a stage wrote beside its outputs (its config.yaml), or None where there is none."""
+    from omegaconf import OmegaConf
+
+    path = Path(stage_dir) / "config.yaml"
+    return OmegaConf.load(path) if path.is_file() else None
+
+
 def write_manifest(directory: Path, *, stage: str, parent: str, summary: dict, run_name: str,
                    data: dict | None = None) -> None:
     write_json_atomic(Path(directory) / "manifest.json", {

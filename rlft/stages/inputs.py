@@ -80,7 +80,8 @@ def user_rows(cfg, split: str) -> tuple[list[dict], str]:
         if data.source not in _SAID:
             _SAID.add(data.source)
             print(f"[rlft] {data.source} has no splits of its own: {len(held)} of its rows are held out as the "
-                  f"test split (data.held_out_fraction={data.held_out_fraction:g}, data.split_seed={data.split_seed})", flush=True)
+                  f"test split (data.held_out_fraction={data.held_out_fraction:g}, "
+                  f"data.split_seed={data.split_seed})", flush=True)
     else:
         split_name = data.train_split if split == "train" else data.test_split
         rows = loading.load_rows(data.source, split_name, data.name)

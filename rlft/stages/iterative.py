@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from rlft import dist
 from rlft.data import labels as L
 from rlft.data.encode import encode_prompt
-from rlft.files.handoff import save_hf_dir
+from rlft.files.handoff import save_hf_dir, stage_config
 from rlft.models import load_model
 from rlft.rewards.scoring import split_steps
 from rlft.rollout.sampling import Sampling
@@ -138,10 +138,8 @@ def rm_train_config(cfg):
 def trained_good_step_weight(path: str) -> float:
     """The algo.good_step_weight a PRM stage was trained with, from the config.yaml beside its final/ (1.0 for a
     PRM from elsewhere): its retraining on the policy's samples weighs correct steps as it did."""
-    recorded = Path(path).parent / "config.yaml"
-    if Path(path).name != "final" or not recorded.is_file():
-        return 1.0
-    return float(OmegaConf.select(OmegaConf.load(recorded), "algo.good_step_weight", default=1.0))
+    recorded = stage_config(Path(path).parent) if Path(path).name == "final" else None
+    return 1.0 if recorded is None else float(OmegaConf.select(recorded, "algo.good_step_weight", default=1.0))
 
 
 def train_reward_model(it: "Iterations", kind: str, scorer, examples: list[dict]) -> dict:

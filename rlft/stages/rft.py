@@ -50,7 +50,8 @@ def collect(cfg, ctx, model, tokenizer) -> tuple[list[dict], dict]:
     engine.sync_weights(0)
     torch.manual_seed(cfg.seed + info.rank)
     gens = episodes.sample(engine, env, [rows[i] for i in mine], prompt_ids, rollout.samples_per_prompt,
-                           Sampling.of_rollout(rollout), cfg.seed * 1000 + info.rank, tokenizer, episodes.limits(cfg, env, tokenizer))
+                           Sampling.of_rollout(rollout), cfg.seed * 1000 + info.rank, tokenizer,
+                           episodes.limits(cfg, env, tokenizer))
     engine.sleep()
     owners = [mine[j] for j in gens.prompt_index]
     rewards, _ = RewardSet(cfg, info.device, env)([rows[i]["prompt"] for i in owners],

@@ -149,8 +149,9 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
                 stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
             policy.backward(aggregate(loss_tok, mask, denom), last=k == len(groups) - 1)
             policy.step()
-            for name, value in metrics.items():  # each a masked mean over the micro-batch's tokens
-                stats.add(name, float(value) * tokens, tokens)
+            values = torch.stack([v.detach().to(torch.float64) for v in metrics.values()]).tolist()  # one sync
+            for name, value in zip(metrics, values):  # each a masked mean over the micro-batch's tokens
+                stats.add(name, value * tokens, tokens)
             stats.add("entropy", masked_sum_f(ent, mask), tokens)
 
 
