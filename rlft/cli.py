@@ -35,7 +35,8 @@ Examples:
   rlft list keys train
 
 Outputs: runs/<run.name>/<algo>/{config.yaml,metrics.jsonl,manifest.json,final/}.
-Hydra flags (--cfg job, --info, hydra.* keys) pass through to Hydra."""
+Hydra flags (--cfg job, --info, hydra.* keys) pass through to Hydra; --config-dir <folder> adds your own
+recipes and presets (<folder>/experiment/<name>.yaml, used as experiment=<name>)."""
 
 
 def fail(message: str, code: int = 2) -> None:
