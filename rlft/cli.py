@@ -65,7 +65,7 @@ def _train_job(cfg) -> float | None:
     try:
         overrides, choices = hydra_choices()
         set_dicts_as_given(cfg, overrides)
-        filled = validate(cfg, recorded_config(job_dir(cfg)) if cfg.resume else None)
+        filled = validate(cfg, recorded_config(job_dir(cfg)) if cfg.resume else None, overrides)
         launch_train(cfg, header_lines(cfg, overrides, choices, filled))
     except USER_ERRORS as exc:
         fail(str(exc))
@@ -89,8 +89,9 @@ def _eval_job(cfg) -> None:
     from rlft.overrides import set_dicts_as_given
 
     try:
-        set_dicts_as_given(cfg, hydra_choices()[0])
-        validate(cfg)
+        overrides = hydra_choices()[0]
+        set_dicts_as_given(cfg, overrides)
+        validate(cfg, given=overrides)
         from rlft.eval.evaluate import run_eval
 
         run_eval(cfg)

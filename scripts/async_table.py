@@ -21,10 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-from env_table import cell, run  # the sibling script's command runner and mean ± std cell
+from rlft.experiments import cell, rlft_command
 
 
 def timing(run_dir: Path) -> dict:
@@ -51,14 +50,14 @@ def main() -> None:
     args = p.parse_args()
     ks, seeds = [int(k) for k in args.staleness.split(",")], [int(s) for s in args.seeds.split(",")]
     root = Path("runs") / args.run
-    rlft = [sys.executable, "-m", "rlft.cli"]
+    rlft: list[str] = []  # rlft_command adds `python -m rlft.cli`
     common = [f"run.name={args.run}", "logger.progress=false", *args.overrides]
 
     def stage(out: Path, cmd: list[str], done: str = "manifest.json") -> None:
         if args.dry_run:
-            print(" ".join(cmd))
+            print("rlft " + " ".join(cmd))
         elif not (out / done).is_file():
-            run(cmd, out.with_name(out.name + ".log"))
+            rlft_command(cmd, out.with_name(out.name + ".log"), tag="async_table")
 
     sft = root / "sft"
     stage(sft, rlft + ["train", "algo=sft", f"run.dir={sft}", f"deepspeed.threads_per_rank={args.threads}", *common])

@@ -21,13 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rlft.experiments import cell, rlft_command
 from rlft.files.handoff import read_manifest
 
 ROWS = {
@@ -88,21 +85,6 @@ def arithmetic_slips(text: str) -> tuple[int, int]:
     return wrong, total
 
 
-def run(cmd: list[str], log: Path, label: str = "") -> float:
-    """One rlft command, its output to `log`; prints its time and status (labelled by `label`, else by the
-    command's first arguments), stops the script when it fails, returns its seconds."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    tic = time.time()
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    seconds = time.time() - tic
-    status = "ok" if proc.returncode == 0 else f"FAILED ({proc.returncode}), see {log}"
-    print(f"[{Path(sys.argv[0]).stem}] {seconds:7.0f} s  {label or ' '.join(cmd[3:6])} ... {status}", flush=True)
-    if proc.returncode:
-        raise SystemExit(f"command failed: {' '.join(cmd)}")
-    return seconds
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default="env_table")
@@ -123,7 +105,7 @@ def main() -> None:
         raise SystemExit(f"unknown row {unknown[0]!r}; valid: {', '.join(ROWS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     root = Path("runs") / args.run
-    rlft = [sys.executable, "-m", "rlft.cli"]
+    rlft: list[str] = []  # rlft_command adds `python -m rlft.cli`
     common = [f"run.name={args.run}", "logger.progress=false", "deepspeed.threads_per_rank=1", *args.overrides]
     evals = ["eval.samples=8", "eval.k=[1,8]", f"eval.num_problems={args.eval_problems}"]
 
@@ -148,16 +130,16 @@ def main() -> None:
 
     def stage(out: Path, cmd: list[str]):
         if args.dry_run:
-            print(" ".join(cmd))
+            print("rlft " + " ".join(cmd))
         elif read_manifest(out) is None:
-            run(cmd, out.with_name(out.name + ".log"))
+            rlft_command(cmd, out.with_name(out.name + ".log"), tag="env_table")
 
     def evaluated(row, name, model):
         out = root / "eval" / f"{row}-{name}"
         if args.dry_run:
-            print(" ".join(evaluate(row, name, model)))
+            print("rlft " + " ".join(evaluate(row, name, model)))
         elif not (out / "eval.json").is_file():
-            run(evaluate(row, name, model), root / "logs" / f"eval-{row}-{name}.log")
+            rlft_command(evaluate(row, name, model), root / "logs" / f"eval-{row}-{name}.log", tag="env_table")
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(lambda r: stage(*sft(r)), rows))
@@ -179,14 +161,6 @@ def figures(root: Path, row: str, name: str) -> dict:
     wrong, total = sum(w for w, _ in slips), sum(t for _, t in slips)
     return {"greedy": m["greedy_accuracy"], "pass@8": m["pass@8"], "maj@8": m["maj@8"],
             "tool_use": m.get("tool_use_rate"), "slips": wrong / total if total else None}
-
-
-def cell(values: list, scale: float = 100.0, digits: int = 1) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    mean = statistics.mean(values) * scale
-    return f"{mean:.{digits}f}" + (f" ± {statistics.stdev(values) * scale:.{digits}f}" if len(values) > 1 else "")
 
 
 def write_table(root: Path, rows: list[str], seeds: list[int], variants: list[str] = ("",)) -> None:

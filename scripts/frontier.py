@@ -29,10 +29,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+from rlft.experiments import rlft_command
 from rlft.files.handoff import read_manifest
 
 DEFAULT_BETAS = {"ppo": [0.01, 0.05, 0.2], "p3o": [0.01, 0.05, 0.2], "grpo": [0.01, 0.04, 0.2],
@@ -52,11 +52,7 @@ COLUMNS = ["algo", "beta", "seed", "reward", "kl_to_ref", "kl_to_ref_per_token",
 
 
 def rlft(*args: str) -> None:
-    cmd = [sys.executable, "-m", "rlft.cli", *args]
-    print("[frontier] rlft " + " ".join(args), flush=True)
-    code = subprocess.run(cmd).returncode
-    if code:
-        raise SystemExit(f"frontier: `rlft {' '.join(args[:3])} ...` failed (exit {code}); see its message above")
+    rlft_command(list(args), tag="frontier")
 
 
 def job_dirs(sweep: Path, algo: str) -> list[Path]:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from rlft.experiments import rlft_command
 
 
 def ks_up_to(kmax: int) -> list[int]:
@@ -36,9 +37,7 @@ def evaluate(args, model: str, tag: str, ks: list[int], extra: list[str]) -> dic
         cmd = ["eval", f"model.path={model}", f"eval.tag={tag}", f"eval.samples={args.kmax}",
                f"eval.k=[{','.join(map(str, ks))}]", f"eval.num_problems={args.eval_problems}", "eval.policy_samples=0",
                "eval.reference=none", "eval.rm=none", f"run.name={args.run}", f"run.root={args.root}", *extra]
-        print("[passk] rlft " + " ".join(cmd), flush=True)
-        if subprocess.run([sys.executable, "-m", "rlft.cli", *cmd]).returncode:
-            raise SystemExit(f"passk: evaluating {model} failed; see its message above")
+        rlft_command(cmd, tag="passk")
     return json.loads(record.read_text())["metrics"]
 
 

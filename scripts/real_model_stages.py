@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from rlft.experiments import rlft_command
 
 SMALL = ["train.max_seq_len=320", "data.task.num_train=256", "data.task.num_test=16", "train.log_every=1",
          "train.save_every=0", "logger.progress=false", "logger.wandb=disabled"]
@@ -90,7 +89,7 @@ def main() -> None:
         for name in [n for n in ROWS if n in names]:
             command, overrides = ROWS[name]
             stage = root / name
-            cmd = [sys.executable, "-m", "rlft.cli", command, f"run.root=runs/{args.run}", f"run.name={variant}",
+            cmd = [command, f"run.root=runs/{args.run}", f"run.name={variant}",
                    *overrides, *SMALL, *(LORA if variant == "lora" and command == "train" else [])]
             if command == "train":  # PPO and P3O take updates x minibatches (2 x 2) optimizer steps per rollout
                 steps = args.steps * (4 if name in ("ppo", "p3o") else 1)
@@ -99,16 +98,15 @@ def main() -> None:
                 if name == "ppo":
                     cmd.append("critic.init=stage:rm")
             cmd += extra
-            print(" ".join(cmd[2:]), flush=True)
             if args.dry_run:
+                print("rlft " + " ".join(cmd), flush=True)
                 continue
-            tic = time.time()
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            wall = time.time() - tic
-            ok = proc.returncode == 0
+            log = Path("runs") / args.run / "logs" / f"{variant}-{name}.log"
+            finished = rlft_command(cmd, log, tag="stages", check=False)
+            wall, ok = finished.seconds, finished.code == 0
             row = {"variant": variant, "stage": name, "ran": ok, "wall_s": round(wall, 1),
                    "metric": last_metric(stage) if command == "train" else "",
-                   "error": "" if ok else last_line(proc.stderr or proc.stdout)}
+                   "error": "" if ok else last_line(log.read_text(errors="replace"))}
             results.append(row)
             print(f"[stages] {variant:4s} {name:11s} {'ran' if ok else 'FAILED'} {wall:6.0f} s {row['metric']} "
                   f"{row['error']}", flush=True)

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rlft.experiments import rlft_command
 from rlft.files.handoff import read_manifest
 
 # The reward models learn from the SFT model's own samples (docs/algorithms.md §2), with the data and
@@ -97,19 +98,7 @@ class Runner:
         if self.args.dry_run:
             print(line, flush=True)
             return
-        tic = time.time()
-        print(f"[rl_table] {line}", flush=True)
-        log = self.root / "logs" / f"{abs(hash(line)) % 10 ** 8}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as f:
-            f.write(line + "\n")
-            f.flush()
-            code = subprocess.run([sys.executable, "-m", "rlft.cli", *cmd], stdout=f,
-                                  stderr=subprocess.STDOUT).returncode
-        if code:
-            tail = log.read_text().strip().splitlines()[-3:]
-            raise SystemExit(f"rl_table: `{line[:120]}` failed (exit {code}); log {log}:\n" + "\n".join(tail))
-        print(f"[rl_table] done in {time.time() - tic:.0f} s: {line[:100]}", flush=True)
+        rlft_command(list(cmd), self.root / "logs" / f"{zlib.crc32(line.encode()):08x}.log", tag="rl_table")
 
     def threads(self) -> list[str]:
         return ["deepspeed.threads_per_rank=1"] if self.args.jobs > 1 else []

@@ -21,9 +21,9 @@ import argparse
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
+
+from rlft.experiments import rlft_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,16 +74,10 @@ def train(code: Path, root: Path, name: str, extra: list[str], log: Path) -> flo
     algo, overrides = STAGES[name]
     if (root / name / "manifest.json").exists():  # a finished stage
         return 0.0
-    cmd = [sys.executable, "-m", "rlft.cli", "train", f"algo={algo}", "run.name=chain", f"run.root={root.parent}",
-           f"run.dir={root / name}", "seed=0", *SMALL, *overrides, *extra]  # parents: stage:sft, stage:rm, ...
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(code / "tests" / "data")]),
-           "WANDB_MODE": "disabled"}
-    start = time.time()
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=root, env=env, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode:
-        raise SystemExit(f"same_weights: {name} failed with {code} (see {log})")
-    return time.time() - start
+    args = ["train", f"algo={algo}", "run.name=chain", f"run.root={root.parent}", f"run.dir={root / name}", "seed=0",
+            *SMALL, *overrides, *extra]  # parents: stage:sft, stage:rm, ...
+    env = {"PYTHONPATH": os.pathsep.join([str(code), str(code / "tests" / "data")]), "WANDB_MODE": "disabled"}
+    return rlft_command(args, log, tag=f"same_weights {code.name}", env=env, cwd=root).seconds
 
 
 def weights(folder: Path) -> dict:

@@ -21,14 +21,30 @@ from rlft.files.handoff import read_manifest
 
 
 def curve(metrics: Path) -> list[tuple[int, float]]:
-    """(samples drawn, eval_greedy_accuracy) of each evaluation in one run, in order."""
-    points, samples = [], 0
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        samples = int(record.get("samples_seen", samples))
+    """(samples drawn, eval_greedy_accuracy) of each evaluation in one run, in order. An evaluation record off a
+    logging step carries no samples_seen: its samples are interpolated between the logged records around it
+    (linear in steps; past the last one, at its rate)."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    known = sorted({0: 0, **{int(r["step"]): int(r["samples_seen"]) for r in records
+                             if "samples_seen" in r and "step" in r}}.items())
+    points = []
+    for record in records:
         if "eval_greedy_accuracy" in record:
-            points.append((samples if record.get("step", 0) else 0, float(record["eval_greedy_accuracy"])))
+            step = int(record.get("step", 0))
+            samples = record.get("samples_seen")
+            points.append((int(samples) if samples is not None else samples_at(known, step),
+                           float(record["eval_greedy_accuracy"])))
     return points
+
+
+def samples_at(known: list[tuple[int, int]], step: int) -> int:
+    """Samples drawn by `step`, from the (step, samples) pairs logged (sorted, starting at (0, 0))."""
+    below = max((k for k in known if k[0] <= step), default=known[0])
+    above = next((k for k in known if k[0] > step), None)
+    if above is None:  # past the last logged step: at the last rate
+        rate = below[1] / below[0] if below[0] else 0.0
+        return round(below[1] + rate * (step - below[0]))
+    return round(below[1] + (above[1] - below[1]) * (step - below[0]) / (above[0] - below[0]))
 
 
 def mean_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float, float]]:

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from rlft.experiments import rlft_command
 from rlft.files.handoff import read_manifest
 
 HERE = Path(__file__).resolve().parent
@@ -66,12 +64,9 @@ def train(run_root: Path, run: str, stage: str, overrides: list[str]) -> tuple[d
     stage_dir = run_root / run / stage
     timing = stage_dir / "wall_s.txt"
     if read_manifest(stage_dir) is None:
-        cmd = [sys.executable, "-m", "rlft.cli", "train", *overrides, f"run.root={run_root}", f"run.name={run}"]
-        print("[scale_check] rlft " + " ".join(cmd[3:]), flush=True)
-        start = time.time()
-        if subprocess.run(cmd, env={**os.environ, **MALLOC}).returncode:
-            raise SystemExit(f"scale_check: {run}/{stage} failed; see its message above")
-        timing.write_text(f"{time.time() - start:.1f}")
+        finished = rlft_command(["train", *overrides, f"run.root={run_root}", f"run.name={run}"], tag="scale_check",
+                                env=MALLOC)
+        timing.write_text(f"{finished.seconds:.1f}")
     manifest = json.loads((stage_dir / "manifest.json").read_text())
     return manifest["summary"], float(timing.read_text()) if timing.is_file() else float("nan")
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from rlft.experiments import rlft_command
 
 CONFIGS = {
     "plain": [],
@@ -49,11 +49,10 @@ def main() -> None:
     for name in args.configs.split(","):
         out = root / name
         if name not in results:
-            cmd = [sys.executable, "-m", "rlft.cli", "train", "experiment=smollm2_grpo", f"run.dir={out}",
-                   f"model.path={Path(args.sft).resolve()}", f"train.max_steps={args.steps}", "algo.eval_every=0",
-                   "train.save_every=0", "logger.progress=false", "overwrite=true", *CONFIGS[name], *args.overrides]
-            print(f"[speed] {name}: {' '.join(cmd[3:])}", flush=True)
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            cmd = ["train", "experiment=smollm2_grpo", f"run.dir={out}", f"model.path={Path(args.sft).resolve()}",
+                   f"train.max_steps={args.steps}", "algo.eval_every=0", "train.save_every=0", "logger.progress=false",
+                   "overwrite=true", *CONFIGS[name], *args.overrides]
+            rlft_command(cmd, root / "logs" / f"{name}.log", tag="speed")
             results[name] = measure(out)
             root.mkdir(parents=True, exist_ok=True)
             (root / "speed.json").write_text(json.dumps(results, indent=1))

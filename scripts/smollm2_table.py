@@ -36,12 +36,11 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from env_table import cell, run  # the sibling script's command runner and mean ± std cell
+from rlft.experiments import cell, rlft_command
 
 RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft", "grpo_before": "smollm2_grpo"}
 # the GRPO recipe as it was before its tuning on chain_sum: 60 rollouts of 8 prompts x 8 (3,840 samples)
@@ -112,7 +111,7 @@ def main() -> None:
     times = json.loads((root / "times.json").read_text()) if (root / "times.json").is_file() else {}
     if args.table_only:
         return write_table(root, rows, seeds, algos, times)
-    rlft = [sys.executable, "-m", "rlft.cli"]
+    rlft: list[str] = []  # rlft_command adds `python -m rlft.cli`
     common = ["logger.progress=false", *args.overrides]
     evals = ["eval.samples=4", "eval.k=[1,4]", f"eval.num_problems={args.eval_problems}", "eval.reference=none",
              "eval.rm=none", "eval.policy_samples=0"]
@@ -121,9 +120,9 @@ def main() -> None:
 
     def step(key: str, done: Path, cmd: list[str], log: Path) -> None:
         if args.dry_run:
-            print(" ".join(cmd))
+            print("rlft " + " ".join(cmd))
         elif not done.is_file():
-            seconds = run(cmd, log, label=log.stem)
+            seconds = rlft_command(cmd, log, tag="smollm2_table").seconds
             with lock:
                 times[key] = seconds
                 (root / "times.json").write_text(json.dumps(times, indent=1))

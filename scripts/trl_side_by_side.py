@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rlft.experiments import rlft_command
 
 
 def rlft_config(overrides: list[str]):
@@ -151,10 +152,8 @@ def evaluate(args, out: Path) -> None:
     evals = ["eval.samples=4", "eval.k=[1,4]", "eval.num_problems=200", "eval.reference=none", "eval.rm=none",
              "eval.policy_samples=0", "logger.progress=false"]
     task = [o for o in args.overrides if o.startswith(("env", "data"))]
-    cmd = [sys.executable, "-m", "rlft.cli", "eval", "experiment=smollm2_sft", f"run.dir={out}",
-           f"model.path={(out / 'final').resolve()}", f"eval.tag={out.name}", f"run.root={out.parent}",
-           f"run.name={out.name}", *task, *evals]
-    subprocess.run(cmd, check=True)
+    rlft_command(["eval", "experiment=smollm2_sft", f"run.dir={out}", f"model.path={(out / 'final').resolve()}",
+                  f"eval.tag={out.name}", f"run.root={out.parent}", f"run.name={out.name}", *task, *evals], tag="trl")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ class AdvantageConfig:
     rft_threshold: float = 0.5  # rft: a response is correct when score > threshold
     outcome_weight: float = 0.0  # grpo_process, distill: weight of the outcome (grpo) advantage added to every token
     distill_coef: float = 1.0  # distill: weight of the per-token teacher signal
+    distill_sampled: bool = True  # distill: the teacher signal is this advantage (False: a divergence in the loss)
     reduce: Reduce | None = None  # whitening statistics over every rank's rollout (None: this batch)
 
 
@@ -365,7 +366,11 @@ def distill(batch: AdvantageInputs, cfg: AdvantageConfig) -> AdvantageOutput:
     """On-policy distillation (§16): A_t = distill_coef * (log pi_teacher(y_t) - log pi_old(y_t)), the negative of
     the per-token reverse KL's sampled estimate, so the policy gradient lowers KL(pi || pi_teacher) on the
     policy's own samples; plus outcome_weight x the grpo advantage (groups needed then). No discounting: each
-    token is credited with its own term only."""
+    token is credited with its own term only. With distill_sampled False the teacher's signal is a divergence in
+    the update's loss (rlft/algos/divergence.py) and the advantage is the outcome part alone."""
+    if not cfg.distill_sampled:
+        outcome = grpo(batch, cfg).adv if cfg.outcome_weight else torch.zeros_like(batch.mask, dtype=torch.float32)
+        return AdvantageOutput(zero_masked(cfg.outcome_weight * outcome, batch.mask), None)
     if batch.teacher_logp is None or batch.old_logp is None:
         raise ValueError("distill needs the teacher's and pi_old's log-probs of the sampled tokens")
     dtype = torch.promote_types(_float_dtype(batch.teacher_logp), _float_dtype(batch.old_logp))

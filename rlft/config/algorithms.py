@@ -123,7 +123,16 @@ class RLConfig(AlgoConfig):
     completion (0: process supervision or distillation alone; > 0: together with outcome supervision)."""
     distill_coef: float = read_when("teacher", 1.0)
     """distill: weight of the per-token teacher signal, log pi_teacher - log pi_old of each sampled token
-    (the negative reverse KL's sampled estimate, docs/algorithms.md)."""
+    (the negative reverse KL's sampled estimate, docs/algorithms.md), or of the divergence below."""
+    distill_divergence: str = read_when("teacher", "sampled")
+    """distill: the teacher signal: sampled (the advantage above, from the sampled token) | forward_kl |
+    reverse_kl | jsd (a divergence of the whole next-token distributions at every position of the student's
+    samples, distill_coef x it added to each token's loss; the teacher runs in the update's forwards)."""
+    distill_beta: float = read_when("jsd", 0.5)
+    """distill_divergence=jsd: beta of the generalised JSD (0 < beta < 1; towards forward KL as it falls)."""
+    distill_top_k: int = read_when("divergence", 0)
+    """A full-distribution divergence over the teacher's top-k tokens and one bucket for the rest (0: the whole
+    vocabulary)."""
     updates_per_rollout: int = 1
     """mu: passes over each rollout batch (GRPO Algorithm 1)."""
     minibatches_per_rollout: int = 1

@@ -26,6 +26,12 @@ def uses_teacher(cfg) -> bool:
     return advantage_needs(cfg, "teacher")
 
 
+def distill_sampled(algo) -> bool:
+    """Whether a teacher's signal is the sampled-token advantage (algo.distill_divergence=sampled), else a
+    full-distribution divergence in the update's loss."""
+    return str(getattr(algo, "distill_divergence", "sampled")) == "sampled"
+
+
 def needs_reference(cfg) -> bool:
     """An RL run loads the reference model when a KL term reads it or the pairwise loss does."""
     from rlft.algos import PAIRWISE_LOSSES

@@ -13,6 +13,7 @@ from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, M
                                 SpecialTokensInText, StepScorer, TruncationPolicy, WandbMode, free_on_resume,
                                 read_when)
 from rlft.data.synthetic import TaskSpec
+from rlft.errors import ConfigError
 
 
 @dataclass
@@ -139,7 +140,7 @@ class DeepSpeedConfig:
 
 @dataclass
 class VLLMConfig:
-    READ_WHEN: ClassVar[str] = "vllm_engine"
+    READ_WHEN: ClassVar[str] = "engine:vllm"
     gpu_memory_utilization: float = free_on_resume(0.3)
     """GPU: share of the device's memory the colocated engine may take (weights + KV cache); the
     trainer keeps the rest."""
@@ -158,6 +159,18 @@ class VLLMConfig:
     max_model_len: int = 0
     """Longest prompt + completion the engine accepts (0: train.max_seq_len + the longest max_new_tokens
     of rollout and eval, at most the model's max_position_embeddings)."""
+
+    @staticmethod
+    def check(options, rollout) -> None:
+        """The engine's own checks of its options (validate_rollout calls every rollout section's `check`)."""
+        if options.sleep_level not in (1, 2):
+            raise ConfigError(f"rollout.vllm.sleep_level={options.sleep_level} is not valid; choose one of: 1, 2")
+        if options.tensor_parallel_size < 1 or not 0 < options.gpu_memory_utilization <= 1:
+            raise ConfigError("rollout.vllm.tensor_parallel_size must be >= 1 and rollout.vllm.gpu_memory_utilization "
+                              "in (0, 1]")
+        if rollout.max_staleness > 0 and rollout.engine in ("auto", "vllm") and options.tensor_parallel_size > 1:
+            raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} runs one sampler per rank, each with "
+                              "its own engine: set rollout.vllm.tensor_parallel_size=1 (or max_staleness=0)")
 
 
 @dataclass
@@ -200,17 +213,17 @@ class RolloutConfig:
     """Top-k sampling (0: off)."""
     batch_size: int = free_on_resume(128)
     """hf: sequences generated together on one rank (vllm schedules its own batches)."""
-    hf_cache: HFCache = read_when("hf_engine", HFCache.static)
+    hf_cache: HFCache = read_when("engine:hf", HFCache.static)
     """hf: KV cache, static (preallocated; its decoding step is compiled on a GPU) | dynamic (faster on CPU for
     real models: docs/performance.md)."""
-    hf_compile: bool = read_when("hf_engine", True)
+    hf_compile: bool = read_when("engine:hf", True)
     """hf on a GPU: compile the static-cache decoding step (torch.compile + CUDA graphs)."""
-    hf_share_prefill: bool = read_when("hf_engine", False)
+    hf_share_prefill: bool = read_when("engine:hf", False)
     """hf with the dynamic cache: each distinct prompt of a generation batch is prefilled once and its keys and
     values shared by its samples (a group's G copies), instead of once per sample (docs/performance.md)."""
-    hf_bucket: bool = read_when("hf_engine", True)
+    hf_bucket: bool = read_when("engine:hf", True)
     """hf: generate rows of similar prompt length together (less padding)."""
-    hf_pad_multiple: int = read_when("hf_engine", 16)
+    hf_pad_multiple: int = read_when("engine:hf", 16)
     """hf: left-pad every batch to a multiple of this many tokens (few shapes to compile)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """The vLLM engine's settings (`rlft list keys rollout.vllm`)."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from rlft.config.algorithms import algo_spec
-from rlft.config.arithmetic import advantage_needs, derive, trains_critic, uses_teacher
+from rlft.config.arithmetic import advantage_needs, derive, distill_sampled, trains_critic, uses_teacher
 from rlft.config.defaults import fill
 from rlft.config.fields import read_rule
-from rlft.config.schema import SECTIONS
+from rlft.config.schema import SECTIONS, RolloutConfig
 from rlft.errors import ConfigError
 
 
@@ -21,11 +21,12 @@ def _check_choice(key: str, value: Any, choices: list) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
 
 
-def validate(cfg, recorded: Optional[dict] = None) -> dict[str, str]:
+def validate(cfg, recorded: Optional[dict] = None, given: Sequence[str] = ()) -> dict[str, str]:
     """Fill what the config leaves to the defaults table (from `recorded`, a resumed checkpoint's config, where
     it has the key) and what follows from other values, then check values that types alone cannot; raise
-    ConfigError with a one-line fix. Returns where each table-filled value came from. (Fixed string choices
-    are `Choice` enums, which OmegaConf checks when the config is composed.)"""
+    ConfigError with a one-line fix. `given`: the command line's overrides (`key=value`). Returns where each
+    table-filled value came from. (Fixed string choices are `Choice` enums, which OmegaConf checks when the
+    config is composed.)"""
     validate_run(cfg.run)
     if algo_spec(cfg.algo).rl:
         validate_rl_names(cfg.algo)  # the defaults table reads the registries' option lists by these names
@@ -40,6 +41,7 @@ def validate(cfg, recorded: Optional[dict] = None) -> dict[str, str]:
     from rlft.envs import env_class
 
     env_class(str(cfg.env.name))  # an unknown environment or import path: one line, before anything starts
+    check_given_env_options(cfg, given)
     _check_choice("deepspeed.zero_stage", ds_opts.zero_stage, [0, 1, 2, 3])
     validate_rollout(cfg.rollout)
     for key, value in [("train.max_steps", train.max_steps), ("train.batch_size", train.batch_size),
@@ -140,16 +142,14 @@ def validate_rollout(rollout) -> None:
     _check_choice("rollout.is_correction", rollout.is_correction, ["auto"] + IS_CORRECTIONS.names())
     if rollout.is_cap <= 1.0:
         raise ConfigError(f"rollout.is_cap={rollout.is_cap} must be above 1 (weights are capped or masked past it)")
-    _check_choice("rollout.vllm.sleep_level", rollout.vllm.sleep_level, [1, 2])
-    if rollout.vllm.tensor_parallel_size < 1 or not 0 < rollout.vllm.gpu_memory_utilization <= 1:
-        raise ConfigError("rollout.vllm.tensor_parallel_size must be >= 1 and rollout.vllm.gpu_memory_utilization "
-                          "in (0, 1]")
+    defaults = RolloutConfig()
+    for f in dataclasses.fields(RolloutConfig):  # an engine's option section checks its own values
+        check = getattr(type(getattr(defaults, f.name)), "check", None)
+        if check is not None:
+            check(getattr(rollout, f.name), rollout)
     if rollout.max_staleness < 0 or rollout.sampler_threads < 0:
         raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} and rollout.sampler_threads="
                           f"{rollout.sampler_threads} must be >= 0")
-    if rollout.max_staleness > 0 and rollout.engine != "hf" and rollout.vllm.tensor_parallel_size > 1:
-        raise ConfigError(f"rollout.max_staleness={rollout.max_staleness} runs one sampler per rank, each with its own "
-                          "engine: set rollout.vllm.tensor_parallel_size=1 (or max_staleness=0)")
     if rollout.max_new_tokens < 0 or rollout.batch_size < 1:
         raise ConfigError("rollout.max_new_tokens must be >= 0 and rollout.batch_size >= 1")
 
@@ -175,6 +175,16 @@ def _critic_unread(cfg, key):
 def _teacher_unread(cfg, key):
     if not uses_teacher(cfg):
         return "no teacher is read (only an algo.advantage that needs one: distill)"
+
+
+def _divergence_unread(cfg, key):
+    if not uses_teacher(cfg) or distill_sampled(cfg.algo):
+        return "only a full-distribution distillation divergence (algo.distill_divergence) reads it"
+
+
+def _jsd_unread(cfg, key):
+    if not uses_teacher(cfg) or str(cfg.algo.distill_divergence) != "jsd":
+        return "only algo.distill_divergence=jsd reads it"
 
 
 def _outcome_weight_unread(cfg, key):
@@ -256,18 +266,14 @@ def _adaptive_kl_unread(cfg, key):
         return "only the adaptive KL controller (algo.adaptive_kl=true) reads it"
 
 
-def _hf_engine_unread(cfg, key):
-    if str(cfg.rollout.engine) == "vllm":
-        return "only the hf rollout engine reads it (rollout.engine=vllm)"
-
-
-def _vllm_engine_unread(cfg, key):
-    if str(cfg.rollout.engine) == "hf":
-        return "only the vllm rollout engine reads it (rollout.engine=hf)"
+def _engine_unread(cfg, key, engine):
+    chosen = str(cfg.rollout.engine)
+    if chosen not in ("auto", engine):
+        return f"only the {engine} rollout engine reads it (rollout.engine={chosen})"
 
 
 # read_when rule (rlft/config/fields.py) -> (cfg, field name) -> why this run does not read it, or None
-READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
+READ_RULES: dict[str, Callable[..., Optional[str]]] = {
     "async": _async_unread,
     "curriculum": _curriculum_unread,
     "curriculum_on": _curriculum_on_unread,
@@ -275,6 +281,8 @@ READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
     "critic": _critic_unread,
     "teacher": _teacher_unread,
     "outcome_weight": _outcome_weight_unread,
+    "divergence": _divergence_unread,
+    "jsd": _jsd_unread,
     "loss_option": _loss_option_unread,
     "per_token_update": _per_token_update_unread,
     "process_advantage": _process_advantage_unread,
@@ -283,9 +291,15 @@ READ_RULES: dict[str, Callable[[Any, str], Optional[str]]] = {
     "iterative_mc_labels": _iterative_mc_labels_unread,
     "policy_source": _policy_source_unread,
     "adaptive_kl": _adaptive_kl_unread,
-    "hf_engine": _hf_engine_unread,
-    "vllm_engine": _vllm_engine_unread,
+    "engine": _engine_unread,  # engine:<name>: an option of that rollout engine's
 }
+
+
+def why_unread(rule: str, cfg, key: str) -> Optional[str]:
+    """Why this run never reads option `key` under its declared rule, or None; a rule `name:arg` (engine:hf)
+    passes its argument on."""
+    name, _, arg = rule.partition(":")
+    return READ_RULES[name](cfg, key, arg) if arg else READ_RULES[name](cfg, key)
 
 
 def unread_options(section_name: str, section, schema: type, cfg) -> Iterator[tuple[str, str]]:
@@ -300,7 +314,7 @@ def unread_options(section_name: str, section, schema: type, cfg) -> Iterator[tu
         rule = read_rule(schema, f)
         if rule is None or value == getattr(default, f.name):
             continue
-        why = READ_RULES[rule](cfg, f.name)
+        why = why_unread(rule, cfg, f.name)
         if why:
             yield f"{section_name}.{f.name}={value}", why
 
@@ -311,7 +325,7 @@ def is_unread(cfg, key: str) -> bool:
     schema = algo_spec(cfg.algo).schema if section == "algo" else SECTIONS[section]
     field = next(f for f in dataclasses.fields(schema) if f.name == name)
     rule = read_rule(schema, field)
-    return bool(rule and READ_RULES[rule](cfg, name))
+    return bool(rule and why_unread(rule, cfg, name))
 
 
 def check_unused_options(cfg) -> None:
@@ -325,6 +339,27 @@ def check_unused_options(cfg) -> None:
             continue
         for option, why in unread_options(name, section, schema, cfg):
             raise ConfigError(f"{option} is set but never used: {why}; remove it")
+
+
+EVERY_ENV_READS = ("name", "max_turns", "max_env_tokens", "curriculum")
+
+
+def check_given_env_options(cfg, given: Sequence[str]) -> None:
+    """An env.* option set on the command line that the chosen built-in environment never reads is refused
+    (its class declares `options_read`). Only the command line's: a recipe sets one environment's options, and
+    switching `env=` on top of it is how a user moves the recipe to another environment."""
+    from rlft.envs import BUILTIN, env_class
+
+    name = str(cfg.env.name)
+    if name not in BUILTIN:
+        return  # a user environment may read any env.* option
+    reads = EVERY_ENV_READS + env_class(name).options_read
+    for override in given:
+        key = override.split("=", 1)[0].lstrip("+~")
+        section, _, option = key.partition(".")
+        if section == "env" and option and option.split(".")[0] not in reads:
+            raise ConfigError(f"{key} is set but never used: env={name} does not read it (its options: "
+                              f"{', '.join('env.' + o for o in reads[1:])}); remove it")
 
 
 def check_builtin_only(cfg) -> None:
@@ -350,6 +385,20 @@ def validate_rl_names(algo) -> None:
         _check_choice(f"algo.{key}", getattr(algo, key), registry.names())
     if algo.pairwise_loss is not None:
         _check_choice("algo.pairwise_loss", algo.pairwise_loss, PAIRWISE_LOSSES.names())
+
+
+def check_divergence(algo, train) -> None:
+    from rlft.algos.divergence import DIVERGENCES
+
+    _check_choice("algo.distill_divergence", str(algo.distill_divergence), ["sampled"] + DIVERGENCES.names())
+    if distill_sampled(algo):
+        return
+    if not 0.0 < algo.distill_beta < 1.0 or algo.distill_top_k < 0:
+        raise ConfigError(f"algo.distill_beta={algo.distill_beta} must be in (0, 1) and algo.distill_top_k="
+                          f"{algo.distill_top_k} >= 0 (0: the whole vocabulary)")
+    if int(train.logit_chunk_tokens) == 0:
+        raise ConfigError(f"algo.distill_divergence={algo.distill_divergence} runs the student's and the teacher's "
+                          "LM heads together a chunk of tokens at a time: set train.logit_chunk_tokens > 0")
 
 
 def validate_rl(cfg) -> None:
@@ -382,6 +431,8 @@ def validate_rl(cfg) -> None:
     if uses_teacher(cfg) and not str(cfg.teacher.path):
         raise ConfigError(f"algo.advantage={algo.advantage} scores every sampled token with a teacher: set teacher.path "
                           "(a stronger model with the student's tokenizer: stage:<algo>, a folder, a hub id)")
+    if uses_teacher(cfg):
+        check_divergence(algo, cfg.train)
     shards = algo.minibatches_per_rollout * world
     if rollout.prompts_per_step % shards:
         raise ConfigError(f"rollout.prompts_per_step={rollout.prompts_per_step} must be divisible by "

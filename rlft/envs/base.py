@@ -65,6 +65,9 @@ class Environment:
     """Strings that end a model turn early (besides EOS): the environment's `step` then replies."""
     max_turns: int = 1
     """Most model turns per trajectory (env.max_turns overrides it when > 0)."""
+    options_read: tuple[str, ...] = ("options",)
+    """The env.* options it reads besides those of every environment (env.name, max_turns, max_env_tokens,
+    curriculum); one of the others set on the command line is refused (a user environment reads env.options)."""
 
     def __init__(self, cfg=None):
         """`cfg`: the run's config (rlft passes it; env.* holds the options)."""

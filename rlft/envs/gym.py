@@ -69,6 +69,7 @@ def extract(completion: str) -> str | None:
 
 class ReasoningGymEnv(Environment):
     name = "reasoning_gym"
+    options_read = ("task", "task_config", "tasks", "train_size", "test_size", "seed", "instruction")
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -51,6 +51,7 @@ class MathEnv(Environment):
     """The data's question/answer rows, judged by their final answer."""
 
     name = "math"
+    options_read = ("verifier",)
 
     def __init__(self, cfg):
         super().__init__(cfg)

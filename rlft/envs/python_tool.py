@@ -79,6 +79,8 @@ class PythonEnv(MathEnv):
     """env=math's rows and answer check, with a sandboxed Python tool."""
 
     name = "python"
+    options_read = MathEnv.options_read + ("instruction", "tool_format", "sandbox", "timeout_s", "cpu_s", "memory_mb",
+                                           "max_procs", "disk_mb", "max_output_chars")
     stop = ("```",)
     max_turns = 4
 

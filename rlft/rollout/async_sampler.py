@@ -60,10 +60,13 @@ def load_weights(model: torch.nn.Module, named: list[tuple[str, torch.Tensor]]) 
             params[name].copy_(tensor)
 
 
-def sampler_cfg(cfg_dict: dict) -> dict:
-    """The sampler's own settings: its vLLM engine never sleeps (it samples while the trainer updates)."""
-    vllm_opts = cfg_dict["rollout"]["vllm"]
-    return {**cfg_dict, "rollout": {**cfg_dict["rollout"], "vllm": {**vllm_opts, "sleep": False}}}
+def sampler_cfg(cfg_dict: dict, beside_trainer: dict) -> dict:
+    """The sampler's own settings: the run's, with the rollout engine's `beside_trainer` settings (EngineSpec;
+    e.g. a vLLM engine never sleeps, it samples while the trainer updates) merged into rollout.*."""
+    rollout = dict(cfg_dict["rollout"])
+    for key, value in beside_trainer.items():
+        rollout[key] = {**rollout[key], **value} if isinstance(value, dict) else value
+    return {**cfg_dict, "rollout": rollout}
 
 
 def gpu_environment(device: torch.device) -> dict[str, str]:
@@ -92,16 +95,16 @@ def serve(cfg_dict: dict, model_path: str, threads: int, inbox, outbox, stopping
 
         if threads > 0:
             torch.set_num_threads(threads)
-        cfg = OmegaConf.create(sampler_cfg(cfg_dict))
+        device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+        spec = ENGINE_SPECS[choose_engine(cfg_dict["rollout"]["engine"], device)[0]]
+        cfg = OmegaConf.create(sampler_cfg(cfg_dict, spec.beside_trainer))
         tokenizer = load_tokenizer(cfg.model, model_path)
         dtype = torch.bfloat16 if cfg.deepspeed.precision == "bf16" else torch.float32
         model = load_model(cfg.model, model_path, tokenizer, seed=cfg.seed, dtype=dtype)
         model.requires_grad_(False)
-        device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
-        name, _ = choose_engine(cfg.rollout.engine, device)
-        if name == "hf":
+        if spec.model_on_device:
             model.to(device)
-        engine = ENGINE_SPECS[name].build(cfg, Frozen(model), tokenizer, device, cfg.seed)
+        engine = spec.build(cfg, Frozen(model), tokenizer, device, cfg.seed)
         env = envs.build(cfg, tokenizer)
         limits = episodes.limits(cfg, env, tokenizer)
         where = "the rank's GPU" if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"

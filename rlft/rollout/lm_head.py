@@ -25,6 +25,7 @@ model's own logits).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -110,38 +111,83 @@ def check_head(inner: torch.nn.Module, inputs: dict) -> None:
     inner._rlft_head_checked = True
 
 
+@dataclass(frozen=True)
+class TeacherTerm:
+    """A full-distribution distillation term computed beside the log-probs: the teacher model and the divergence
+    of the student's next-token distribution from the teacher's (rlft/algos/divergence.py), both at the
+    temperature, untruncated."""
+    teacher: object
+    kind: str  # forward_kl | reverse_kl | jsd
+    beta: float = 0.5
+    top_k: int = 0  # over the teacher's top-k and the rest (0: the whole vocabulary)
+
+
 def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-              extras: tuple[str, ...] = (), chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0):
+              extras: tuple[str, ...] = (), chunk_tokens: int | None = None, top_k: int = 0, top_p: float = 1.0,
+              term: TeacherTerm | None = None, teacher_hidden: torch.Tensor | None = None):
     """log softmax(head(hidden) / temperature)[target] per token, [N] fp32, from hidden states [N, H] and
     targets [N], `chunk_tokens` tokens at a time (default: the model's `chunk_tokens_of`); with `top_k` > 0 or
     `top_p` < 1, of the truncated distribution the sampler drew from (`truncate`). `extras` (names in
-    EXTRAS) add [N] fp32 tensors without grad; then the result is (log-probs, {name: tensor})."""
+    EXTRAS) add [N] fp32 tensors without grad; then the result is (log-probs, {name: tensor}). With a teacher
+    `term` and the teacher's final hidden states at the same tokens ([N, H_teacher], no grad), the teacher's head
+    runs on the same chunks and {"divergence": [N]} (with grad) joins the extras."""
     inner = unwrap(model)
     head, process = frozen_zero3_head(inner.get_output_embeddings()), logit_processing(inner.config)
     context = getattr(model, "head_context", contextlib.nullcontext)  # a LoRA reference: the adapter off
     step = max(1, chunk_tokens or chunk_tokens_of(model))
+    divergence = teacher_divergence(term, temperature) if term is not None else None
 
-    def piece(h: torch.Tensor, t: torch.Tensor):
+    def piece(h: torch.Tensor, t: torch.Tensor, th: torch.Tensor | None = None):
         with context():
             logits = process(head(h)).float()
         if temperature != 1.0:
             logits = logits / temperature
+        full = logits
         logits = truncate(logits, t, top_k, top_p)
         lse = torch.logsumexp(logits, -1)
         logp = logits.gather(-1, t[:, None])[:, 0] - lse
         with torch.no_grad():
             more = [entropy_of(logits, lse) if name == "entropy" else (logits.argmax(-1) == t).float()
                     for name in extras]
-        return (logp, *more)
+        return (logp, *more) if th is None else (logp, *more, divergence(full, th))
 
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(
         p.requires_grad for p in getattr(head, "parameters", tuple)()))
-    parts = [checkpoint(piece, h, t, use_reentrant=False, preserve_rng_state=False) if recompute else piece(h, t)
-             for h, t in zip(hidden.split(step), targets.split(step))]
+    chunks = [(h, t) for h, t in zip(hidden.split(step), targets.split(step))]
+    if term is not None:
+        chunks = [(h, t, th) for (h, t), th in zip(chunks, teacher_hidden.split(step))]
+    parts = [checkpoint(piece, *c, use_reentrant=False, preserve_rng_state=False) if recompute else piece(*c)
+             for c in chunks]
     logp = torch.cat([p[0] for p in parts])
-    if not extras:
+    if not extras and term is None:
         return logp
-    return logp, {name: torch.cat([p[1 + i] for p in parts]).detach() for i, name in enumerate(extras)}
+    more = {name: torch.cat([p[1 + i] for p in parts]).detach() for i, name in enumerate(extras)}
+    if term is not None:
+        more["divergence"] = torch.cat([p[-1] for p in parts])
+    return logp, more
+
+
+def teacher_divergence(term: TeacherTerm, temperature: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """(the student's fp32 logits / temperature of a chunk [N, V], the teacher's hidden states there) -> the
+    term's divergence per token [N], with grad to the student's logits: the teacher's head runs without grad; a
+    vocabulary of another size than the student's is one line (distillation needs the same tokenizer)."""
+    from rlft.algos.divergence import token_divergence
+
+    inner = unwrap(term.teacher)
+    head, process = frozen_zero3_head(inner.get_output_embeddings()), logit_processing(inner.config)
+    context = getattr(term.teacher, "head_context", contextlib.nullcontext)
+
+    def divergence(student: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), context():
+            teacher = process(head(th)).float()
+        if teacher.shape[-1] != student.shape[-1]:
+            raise ConfigError(f"the teacher's LM head has {teacher.shape[-1]} rows and the student's "
+                              f"{student.shape[-1]}: a full-distribution divergence needs the same vocabulary "
+                              "(algo.distill_divergence=sampled compares the sampled tokens only)")
+        if temperature != 1.0:
+            teacher = teacher / temperature
+        return token_divergence(student, teacher, term.kind, term.beta, term.top_k)
+    return divergence
 
 
 def frozen_zero3_head(head: torch.nn.Module):

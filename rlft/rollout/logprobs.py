@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlft.rollout.lm_head import chunk_tokens_of, entropy_of, head_logp, hidden_forward, truncate
+from rlft.errors import ConfigError
+from rlft.rollout.lm_head import TeacherTerm, chunk_tokens_of, entropy_of, head_logp, hidden_forward, truncate
 
 CHUNK_BYTES = 2**29  # fp32 logits upcast at a time by selective_logp and the entropy (512 MiB)
 
@@ -133,12 +134,13 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
 
 def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
                start: int = 0, prompt_lens: list[int] | None = None, mask: torch.Tensor | None = None,
-               extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0):
+               extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0, term: TeacherTerm | None = None):
     """Log-probs [B, L-1] of input_ids[:, 1:] under `model` (grad flows if enabled); columns before `start`
     (prompt only) and, with a target-aligned `mask` [B, L-1], the columns outside it are left at 0 without
     computing their logits. With `prompt_lens`, each distinct prompt runs once (`shared_prompt_states`).
     `extras` (lm_head.EXTRAS) add [B, L-1] fp32 tensors without grad; then the result is (log-probs, {name:
-    tensor}).
+    tensor}). With a teacher `term` the teacher's forward runs the same way (no grad) and the extras gain
+    "divergence" [B, L-1] with grad (lm_head.head_logp).
 
     The LM head runs a chunk of tokens at a time (lm_head.head_logp; train.logit_chunk_tokens=0: the model's
     own logits, all at once). `temperature` divides the logits and `top_k`/`top_p` truncate them as sampling
@@ -146,7 +148,10 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
     from."""
     B, L = input_ids.shape
     targets = input_ids[:, start + 1:]
+    wants = bool(extras) or term is not None
     if chunk_tokens_of(model) == 0:
+        if term is not None:
+            raise ConfigError("a full-distribution distillation divergence needs train.logit_chunk_tokens > 0")
         logits = forward_logits(model, input_ids, attention_mask, start, temperature) if prompt_lens is None else \
             shared_prompt_logits(model, input_ids, attention_mask, prompt_lens, start, temperature)
         if top_k > 0 or top_p < 1.0:
@@ -156,20 +161,26 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
             keep = mask[:, start:].to(logp.dtype)
             logp, more = logp * keep, {name: value * keep for name, value in more.items()}
     else:
-        if prompt_lens is None:
-            hidden = forward_hidden(model, input_ids, attention_mask, start)
-        else:
-            hidden = shared_prompt_states(lambda **inputs: hidden_forward(model, **inputs), input_ids, attention_mask,
-                                          prompt_lens, start)
+        def states(of):
+            if prompt_lens is None:
+                return forward_hidden(of, input_ids, attention_mask, start)
+            return shared_prompt_states(lambda **inputs: hidden_forward(of, **inputs), input_ids, attention_mask,
+                                        prompt_lens, start)
+        hidden = states(model)
         where = (mask[:, start:] if mask is not None else torch.ones_like(targets)).bool().nonzero(as_tuple=True)
-        picked = head_logp(model, hidden[where], targets[where], temperature, extras, top_k=top_k, top_p=top_p)
-        picked, more = picked if extras else (picked, {})
+        teacher_hidden = None
+        if term is not None:
+            with torch.no_grad():
+                teacher_hidden = states(term.teacher)[where]
+        picked = head_logp(model, hidden[where], targets[where], temperature, extras, top_k=top_k, top_p=top_p,
+                           term=term, teacher_hidden=teacher_hidden)
+        picked, more = picked if wants else (picked, {})
         logp = picked.new_zeros(B, L - 1 - start).index_put(where, picked)
         more = {name: picked.new_zeros(B, L - 1 - start).index_put(where, value) for name, value in more.items()}
     if start > 0:
         logp = torch.cat([logp.new_zeros(B, start), logp], 1)
         more = {name: torch.cat([value.new_zeros(B, start), value], 1) for name, value in more.items()}
-    return (logp, more) if extras else logp
+    return (logp, more) if wants else logp
 
 
 def logits_extras(logits: torch.Tensor, targets: torch.Tensor, extras: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -224,13 +235,16 @@ def padding_fraction(attention_mask: torch.Tensor) -> float:
 
 
 def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
-                temperature: float = 1.0, extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0):
+                temperature: float = 1.0, extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0,
+                term: TeacherTerm | None = None):
     """Per-token log-probs [B, L-1] (target-aligned, 0 outside `mask`) from one packed forward: no
     padding is computed, and the LM head runs only where the target is a masked (response) token.
     Equal to `token_logp` on the padded batch up to floating-point order. `extras` adds, no grad,
     [B, L-1] tensors: "entropy" (of the token distribution), "top1" (1 where the target is the argmax);
-    then the result is (log-probs, {name: tensor})."""
+    then the result is (log-probs, {name: tensor}); a teacher `term` adds "divergence" (with grad), as in
+    `token_logp`."""
     p = pack(input_ids, attention_mask)
+    wants = bool(extras) or term is not None
     B, L = p.shape
     same_row = p.rows[1:] == p.rows[:-1]  # token j+1 continues the sequence of token j
     target_col = p.cols[:-1].clamp(max=L - 2)
@@ -238,6 +252,8 @@ def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
     targets = p.input_ids[0, keep + 1]
     inputs = dict(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False)
     if chunk_tokens_of(model) == 0:
+        if term is not None:
+            raise ConfigError("a full-distribution distillation divergence needs train.logit_chunk_tokens > 0")
         logits = model(**inputs, logits_to_keep=keep).logits[0]  # [K, V]
         if temperature != 1.0:
             logits = logits / temperature
@@ -247,11 +263,16 @@ def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
         more = logits_extras(logits.detach(), targets, extras)
     else:
         hidden, _ = hidden_forward(model, **inputs)
-        picked = head_logp(model, hidden[0, keep], targets, temperature, extras, top_k=top_k, top_p=top_p)
-        picked, more = picked if extras else (picked, {})
+        teacher_hidden = None
+        if term is not None:
+            with torch.no_grad():
+                teacher_hidden = hidden_forward(term.teacher, **inputs)[0][0, keep]
+        picked = head_logp(model, hidden[0, keep], targets, temperature, extras, top_k=top_k, top_p=top_p,
+                           term=term, teacher_hidden=teacher_hidden)
+        picked, more = picked if wants else (picked, {})
     where = (p.rows[keep], p.cols[keep])
     logp = torch.zeros(B, L - 1, dtype=picked.dtype, device=picked.device).index_put(where, picked)
-    if not extras:
+    if not wants:
         return logp
     return logp, {name: torch.zeros(B, L - 1, dtype=torch.float32, device=picked.device).index_put(where, value)
                   for name, value in more.items()}

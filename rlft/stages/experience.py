@@ -26,6 +26,7 @@ import torch
 from rlft import dist, envs
 from rlft.algos import (ADVANTAGES, IS_CORRECTIONS, AdvantageConfig, AdvantageInputs, ISConfig,
                         dynamic_sampling_keep_mask, pair_rollout_inputs)
+from rlft.config.arithmetic import distill_sampled
 from rlft.data.encode import encode_prompts, prompt_budget
 from rlft.envs import episodes
 from rlft.microbatch import rollout_groups
@@ -35,7 +36,7 @@ from rlft.rewards.scoring import ExactSteps, RewardSet
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import Sampling, build_engine
 from rlft.rollout.logprobs import packed_logp, response_start, token_logp
-from rlft.stages import common, inputs
+from rlft.stages import inputs
 from rlft.stages.prompts import Curriculum, DifficultyPool, PromptSource
 
 PHASES = ("sample", "score", "logprobs", "teacher", "values", "advantages")
@@ -46,7 +47,7 @@ def advantage_config(algo, critic, kl_coef: float) -> AdvantageConfig:
     algo.kl_in=reward (PPO)."""
     return AdvantageConfig(eps_adv=algo.eps_adv, std_unbiased=algo.std_unbiased, scale_by_std=algo.scale_by_std,
                            rft_threshold=algo.rft_threshold, outcome_weight=algo.outcome_weight,
-                           distill_coef=algo.distill_coef,
+                           distill_coef=algo.distill_coef, distill_sampled=distill_sampled(algo),
                            kl_coef=kl_coef if algo.kl_in == "reward" else 0.0,
                            kl_estimator=algo.kl_estimator, gamma=critic.gamma, lam=critic.lam,
                            whiten_advantages=critic.whiten_advantages, whiten_rewards=critic.whiten_rewards,
@@ -68,7 +69,7 @@ def rollout_needs(algo, has_reference: bool, correction: str) -> frozenset[str]:
             needs |= {"step_ends", "step_scores"}
         if ADVANTAGES.needs(algo.advantage, "critic"):
             needs |= {"values", "returns"}
-        if ADVANTAGES.needs(algo.advantage, "teacher"):
+        if ADVANTAGES.needs(algo.advantage, "teacher") and distill_sampled(algo):
             needs |= {"teacher_logp", "old_logp"}
     if reuses_rollout(algo) or correction != "none":
         needs.add("old_logp")

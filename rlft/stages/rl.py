@@ -164,11 +164,9 @@ def rollout_metrics(ro: rb.Rollout, stats: common.Sums, G: int) -> None:
         stats.add("frac_zero_std", float(frac_zero_std_groups(ro.scores, G)) * (n / G), n / G)
 
 
-def run(cfg, ctx: common.StageContext) -> dict:
-    common.prepare_run_dir(ctx)
-    algo = cfg.algo
-    parent = resolve_model_path(cfg)
-    tokenizer = load_tokenizer(cfg.model, parent)
+def build_models(cfg, parent: str, tokenizer) -> tuple:
+    """(policy, reference, critic, teacher) of the RL stage, loaded in this order after seeding: the policy
+    trained, the reference and teacher frozen (sharded alike), each None where the run needs none."""
     teacher_at = teacher_path(cfg, tokenizer) if uses_teacher(cfg) else None
     common.seed_everything(cfg.seed)
     policy = Trainer(cfg, load_model(cfg.model, parent, tokenizer, seed=cfg.seed, trained=True))
@@ -178,19 +176,15 @@ def run(cfg, ctx: common.StageContext) -> dict:
         if policy.has_adapter:
             dist.print0("[rlft] reference: the policy's base weights with its LoRA adapter off (no second copy)")
     critic = build_critic(cfg, tokenizer) if trains_critic(cfg) else None
-    teacher = load_reference(cfg, teacher_at, tokenizer) if teacher_at else None  # frozen, sharded as the reference
+    teacher = load_reference(cfg, teacher_at, tokenizer) if teacher_at else None
     if teacher is not None:
         dist.print0(f"[rlft] teacher: {teacher_at}")
-    experience = Experience.build(cfg, ctx.info, tokenizer, policy, reference, critic, model_path=parent,
-                                  teacher=teacher)
-    update = Update(cfg, policy, critic)
-    kl = KL(algo)
-    iterations = iterative.Iterations(cfg, ctx, experience, policy,
-                                      lambda path: load_reference(cfg, path, tokenizer))
+    return policy, reference, critic, teacher
 
-    steps_per_rollout = algo.updates_per_rollout * algo.minibatches_per_rollout
-    companions = {"critic": critic} if critic is not None else None
-    resumed = common.resume_state(ctx, policy, companions)
+
+def restore(resumed: dict, rank: int, experience: Experience, kl: KL, iterations, steps_per_rollout: int) -> int:
+    """Put a resumed checkpoint's loop state back (samples drawn, the adaptive KL coefficient, the difficulty
+    pool and curriculum, the asynchronous sampler's rollouts in flight, the iteration's models); its step."""
     start_step = int(resumed.get("step", 0))
     experience.samples_drawn = int(resumed.get("samples_drawn", 0))
     if "kl_coef" in resumed:  # the adaptive KL controller's value when the checkpoint was written
@@ -198,10 +192,30 @@ def run(cfg, ctx: common.StageContext) -> dict:
     if "prompts" in resumed:  # the difficulty pool and the curriculum as they were
         experience.prompt_source.restore(resumed["prompts"])
     if experience.ahead is not None and resumed.get("in_flight"):
-        experience.ahead.restore(resumed["in_flight"][ctx.info.rank])
+        experience.ahead.restore(resumed["in_flight"][rank])
     if start_step and iterations.count > 1:  # the reward models and reference of the iteration resumed into
         iterations.restore(start_step // steps_per_rollout - 1, resumed.get("samples_log", []))
         common.set_rng_state(resumed["rng"])  # loading those models may have drawn random numbers
+    return start_step
+
+
+def run(cfg, ctx: common.StageContext) -> dict:
+    common.prepare_run_dir(ctx)
+    algo = cfg.algo
+    parent = resolve_model_path(cfg)
+    tokenizer = load_tokenizer(cfg.model, parent)
+    policy, reference, critic, teacher = build_models(cfg, parent, tokenizer)
+    experience = Experience.build(cfg, ctx.info, tokenizer, policy, reference, critic, model_path=parent,
+                                  teacher=teacher)
+    update = Update(cfg, policy, critic, teacher)
+    kl = KL(algo)
+    iterations = iterative.Iterations(cfg, ctx, experience, policy,
+                                      lambda path: load_reference(cfg, path, tokenizer))
+
+    steps_per_rollout = algo.updates_per_rollout * algo.minibatches_per_rollout
+    companions = {"critic": critic} if critic is not None else None
+    resumed = common.resume_state(ctx, policy, companions)
+    start_step = restore(resumed, ctx.info.rank, experience, kl, iterations, steps_per_rollout)
     stats, times = common.Sums(), common.Sums()
 
     def run_rollout(r: int) -> None:

@@ -13,6 +13,7 @@ policy rather than between the policy's micro-batches changes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -20,9 +21,11 @@ from rlft import dist
 from rlft.algos import (AGGREGATIONS, KL_ESTIMATORS, PAIRWISE_LOSSES, POLICY_LOSSES, AggDenominator, PairBatch,
                         PairCounts, PairLossConfig, PolicyLossConfig)
 from rlft.algos.value import value_loss
+from rlft.config.arithmetic import distill_sampled
 from rlft.microbatch import rollout_groups
 from rlft.models import token_scores
 from rlft.rollout import batch as rb
+from rlft.rollout.lm_head import TeacherTerm
 from rlft.rollout.logprobs import packed_logp, padding_fraction, response_start, token_logp
 from rlft.stages.common import Sums
 
@@ -54,16 +57,21 @@ class Shape:
 class Update:
     """The update step of one rank: the policy's optimizer steps (per-token or pairwise), then the critic's."""
 
-    def __init__(self, cfg, policy, critic=None):
+    def __init__(self, cfg, policy, critic=None, teacher=None):
         self.cfg, self.policy, self.critic = cfg, policy, critic
         self.shape = Shape.of(cfg)
+        algo = cfg.algo
+        self.term = None  # a full-distribution distillation divergence (algo.distill_divergence), else None
+        if teacher is not None and not distill_sampled(algo):
+            self.term = TeacherTerm(teacher, str(algo.distill_divergence), float(algo.distill_beta),
+                                    int(algo.distill_top_k))
 
     def __call__(self, ro: rb.Rollout, stats: Sums, rollout_index: int, kl_coef: float) -> None:
         seed = (self.cfg.seed * 1_000_003 + rollout_index) * 4099 + dist.info().rank  # minibatch shuffles
         if self.cfg.algo.pairwise_loss is not None:
             update_pairwise(self.policy, ro, stats, self.shape, self.cfg.pairwise, kl_coef, seed)
         else:
-            update_policy(self.policy, ro, stats, self.shape, kl_coef, seed)
+            update_policy(self.policy, ro, stats, self.shape, kl_coef, seed, self.term)
         if self.critic is not None:
             update_critic(self.critic, ro, stats, self.shape, self.cfg.critic.value_clip, seed)
 
@@ -80,20 +88,22 @@ def micro_inputs(ro: rb.Rollout, rows, device) -> tuple:
 
 
 def micro_forward(policy, ro: rb.Rollout, rows, temperature: float, packed: bool = False, share_prompt: bool = False,
-                  top_k: int = 0, top_p: float = 1.0):
+                  top_k: int = 0, top_p: float = 1.0, term: TeacherTerm | None = None):
     """One micro-batch through the policy (with grad): (ids, attention mask, cols, response mask, token
     entropy (no grad), per-token log-probs), as `micro_inputs`. `packed`: one padding-free forward
     (train.packing); `share_prompt`: each distinct prompt once (train.share_prompt); the same values.
-    `temperature`, `top_k`, `top_p`: the distribution the tokens were sampled from."""
+    `temperature`, `top_k`, `top_p`: the distribution the tokens were sampled from. With a teacher `term`, a
+    seventh value: the per-token divergence from the teacher (with grad)."""
     ids, attn, cols, mask = micro_inputs(ro, rows, policy.device)
     full_mask = ro.mask[rows, :ids.shape[1] - 1].to(policy.device)
     if packed:
-        logp, extra = packed_logp(policy, ids, attn, full_mask, temperature, ("entropy",), top_k, top_p)
+        logp, extra = packed_logp(policy, ids, attn, full_mask, temperature, ("entropy",), top_k, top_p, term)
     else:
         logp, extra = token_logp(policy, ids, attn, temperature, cols.start,
                                  rb.prompt_lens_of(ro, rows) if share_prompt else None, full_mask, ("entropy",),
-                                 top_k, top_p)
-    return ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
+                                 top_k, top_p, term)
+    out = ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
+    return out + (extra["divergence"][:, cols],) if term is not None else out
 
 
 def epoch_rollout(ro: rb.Rollout, algo, group_size: int, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
@@ -115,66 +125,92 @@ def optimizer_steps(rollout: rb.Rollout, algo, group_size: int, shuffle_seed: in
             yield ro, start, per_mb
 
 
+def step_loop(engine, rollout: rb.Rollout, shape: Shape, shuffle_seed: int | None, begin_step: Callable,
+              micro_loss: Callable, stats: Sums | None = None, unit: int = 1) -> None:
+    """The optimizer-step skeleton every update shares: for each optimizer step (`optimizer_steps`),
+    `begin_step(ro, start, per_mb)` gives that step's minibatch-wide inputs, the step is cut into
+    forwards (`rollout_groups`, `unit` rows kept together), and each forward's
+    `micro_loss(ro, rows, step_inputs)` is backpropagated; the engine steps at the last one.
+    `stats`: where the forwards per optimizer step are counted (the policy's update counts them)."""
+    for ro, start, per_mb in optimizer_steps(rollout, shape.algo, shape.group_size, shuffle_seed):
+        step_inputs = begin_step(ro, start, per_mb)
+        groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed,
+                                unit=unit)
+        if stats is not None:
+            stats.add("micro_batches", len(groups), 1)  # forwards per rank in this optimizer step
+        for k, rows in enumerate(groups):
+            engine.backward(micro_loss(ro, rows, step_inputs), last=k == len(groups) - 1)
+            engine.step()
+
+
 def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: float,
-                  shuffle_seed: int | None = None) -> None:
+                  shuffle_seed: int | None = None, term: TeacherTerm | None = None) -> None:
     """The policy's optimizer steps with the registered per-token loss. With the rollout's is_weight (the
     engine-mismatch correction) each token's policy loss is reweighted before the KL term is added;
     the KL to the reference is measured whenever the rollout has reference log-probs and enters the
-    loss with algo.kl_in=loss."""
+    loss with algo.kl_in=loss; with a teacher `term`, algo.distill_coef x the divergence from the teacher is
+    added to each token's loss (logged as distill_divergence). Every metric the loss returns is logged (a
+    masked mean over tokens)."""
     algo, dev = shape.algo, policy.device
     policy_loss = POLICY_LOSSES.get(algo.policy_loss)
     aggregate = AGGREGATIONS.get(algo.loss_agg)
     kl_fn = KL_ESTIMATORS.get(algo.kl_estimator)
     options = POLICY_LOSSES.meta(algo.policy_loss).get("options", ())
     pl_cfg = PolicyLossConfig(**{key: getattr(algo, key) for key in options})
-    for ro, start, per_mb in optimizer_steps(ro, algo, shape.group_size, shuffle_seed):
-        denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
-        groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)
-        stats.add("micro_batches", len(groups), 1)  # forwards per rank in this optimizer step
+
+    def begin_step(ro, start, per_mb):
+        return global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
+
+    def micro_loss(ro, rows, denom):  # ro: the rollout as this pass orders it (rows index it)
         adv = ro.need("adv", f"policy loss {algo.policy_loss}")
         old_logp, ref_logp, is_weight = ro.get("old_logp"), ro.get("ref_logp"), ro.get("is_weight")
-        for k, rows in enumerate(groups):
-            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed,
-                                                             shape.share_prompt, shape.top_k, shape.top_p)
-            add_padding(stats, attn, shape.packed)
-            old = old_logp[rows, cols].to(dev) if old_logp is not None else None
-            loss_tok, metrics = policy_loss(logp, old, adv[rows, cols].to(dev), mask, pl_cfg)
-            if is_weight is not None:
-                loss_tok = loss_tok * is_weight[rows, cols].to(dev)
-            tokens = mask.sum().item()
-            if ref_logp is not None:
-                kl = kl_fn(logp, ref_logp[rows, cols].to(dev))
-                if algo.kl_in == "loss":
-                    loss_tok = loss_tok + kl_coef * kl
-                stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
-            policy.backward(aggregate(loss_tok, mask, denom), last=k == len(groups) - 1)
-            policy.step()
-            values = torch.stack([v.detach().to(torch.float64) for v in metrics.values()]).tolist()  # one sync
-            for name, value in zip(metrics, values):  # each a masked mean over the micro-batch's tokens
-                stats.add(name, value * tokens, tokens)
-            stats.add("entropy", masked_sum_f(ent, mask), tokens)
+        ids, attn, cols, mask, ent, logp, *divergence = micro_forward(
+            policy, ro, rows, shape.temperature, shape.packed, shape.share_prompt, shape.top_k, shape.top_p, term)
+        add_padding(stats, attn, shape.packed)
+        old = old_logp[rows, cols].to(dev) if old_logp is not None else None
+        loss_tok, metrics = policy_loss(logp, old, adv[rows, cols].to(dev), mask, pl_cfg)
+        if is_weight is not None:
+            loss_tok = loss_tok * is_weight[rows, cols].to(dev)
+        tokens = mask.sum().item()
+        if ref_logp is not None:
+            kl = kl_fn(logp, ref_logp[rows, cols].to(dev))
+            if algo.kl_in == "loss":
+                loss_tok = loss_tok + kl_coef * kl
+            stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
+        if divergence:
+            loss_tok = loss_tok + algo.distill_coef * divergence[0]
+            stats.add("distill_divergence", masked_sum_f(divergence[0].detach(), mask), tokens)
+        values = torch.stack([v.detach().to(torch.float64) for v in metrics.values()]).tolist()  # one sync
+        for name, value in zip(metrics, values):  # each a masked mean over the micro-batch's tokens
+            stats.add(name, value * tokens, tokens)
+        stats.add("entropy", masked_sum_f(ent, mask), tokens)
+        return aggregate(loss_tok, mask, denom)
+
+    step_loop(policy, ro, shape, shuffle_seed, begin_step, micro_loss, stats)
 
 
 def update_critic(critic, ro: rb.Rollout, stats: Sums, shape: Shape, value_clip: float,
                   shuffle_seed: int | None = None) -> None:
     """The critic's optimizer steps (clipped value loss on the rollout's returns), over the same
     minibatches and forwards as the policy's."""
-    algo, dev = shape.algo, critic.device
-    for ro, start, per_mb in optimizer_steps(ro, algo, shape.group_size, shuffle_seed):
-        denom = global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
-        groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed)
+    dev = critic.device
+
+    def begin_step(ro, start, per_mb):
+        return global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
+
+    def micro_loss(ro, rows, denom):
         old_values, returns = ro.need("values", "the value loss"), ro.need("returns", "the value loss")
-        for k, rows in enumerate(groups):
-            ids, attn, cols, mask = micro_inputs(ro, rows, dev)
-            tokens = mask.sum().item()
-            values = token_scores(critic.module, ids, attn)[:, :-1][:, cols.start:]
-            vloss, vm = value_loss(values, old_values[rows, cols].to(dev), returns[rows, cols].to(dev), mask,
-                                   value_clip, denom)
-            critic.backward(vloss, last=k == len(groups) - 1)
-            critic.step()
-            stats.add("value_loss", vloss.item() * denom.num_tokens, tokens)
-            stats.add("vf_explained_var", vm["vf_explained_var"].item() * tokens, tokens)
-            stats.add("vf_clipfrac", vm["vf_clipfrac"].item() * tokens, tokens)
+        ids, attn, cols, mask = micro_inputs(ro, rows, dev)
+        tokens = mask.sum().item()
+        values = token_scores(critic.module, ids, attn)[:, :-1][:, cols.start:]
+        vloss, vm = value_loss(values, old_values[rows, cols].to(dev), returns[rows, cols].to(dev), mask,
+                               value_clip, denom)
+        stats.add("value_loss", vloss.item() * denom.num_tokens, tokens)
+        stats.add("vf_explained_var", vm["vf_explained_var"].item() * tokens, tokens)
+        stats.add("vf_clipfrac", vm["vf_clipfrac"].item() * tokens, tokens)
+        return vloss
+
+    step_loop(critic, ro, shape, shuffle_seed, begin_step, micro_loss)
 
 
 def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise, kl_coef: float,
@@ -187,31 +223,32 @@ def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise,
                          avg_tokenwise=pairwise.avg_tokenwise, beta=pairwise.beta,
                          length_normalize=pairwise.length_normalize)
     reader = f"pairwise loss {algo.pairwise_loss}"
-    for ro, start, per_mb in optimizer_steps(ro, algo, shape.group_size, shuffle_seed):
-        m = ro.mask[start:start + per_mb]
-        scores, s_ref, delta = (ro.need(name, reader) for name in ("pair_scores", "pair_s_ref", "delta"))
-        old_logp, ref_logp = ro.need("old_logp", reader), ro.get("ref_logp")
+
+    def begin_step(ro, start, per_mb):
+        m, scores = ro.mask[start:start + per_mb], ro.need("pair_scores", reader)
         untied = float((scores[start // 2:(start + per_mb) // 2].diff(dim=-1) != 0).sum())
         pairs, tokens, untied = dist.all_reduce_sum([m.shape[0] / 2.0, float(m.sum()), untied])
-        counts = PairCounts(pairs=pairs, tokens=tokens, untied=untied)
-        groups = rollout_groups(ro.attention_mask, start, per_mb, shape.micro, shape.max_tokens, shape.packed, unit=2)
-        stats.add("micro_batches", len(groups), 1)
-        for k, rows in enumerate(groups):
-            pl = rows[0::2] // 2  # rows (2j, 2j+1) are pair j
-            ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed,
-                                                             shape.share_prompt, shape.top_k, shape.top_p)
-            add_padding(stats, attn, shape.packed)
-            ref = ref_logp[rows, cols].to(dev) if ref_logp is not None else None
-            batch = PairBatch(logp=logp, old_logp=old_logp[rows, cols].to(dev), mask=mask, ref_logp=ref,
-                              scores=scores[pl].to(dev), s_ref=s_ref[pl].to(dev), delta=delta[pl].to(dev))
-            loss, metrics = loss_fn(batch, cfg, counts)
-            policy.backward(loss, last=k == len(groups) - 1)
-            policy.step()
-            stats.add_all(metrics)
-            tokens_here = mask.sum().item()
-            stats.add("entropy", masked_sum_f(ent, mask), tokens_here)
-            if ref is not None:
-                stats.add("kl", masked_sum_f(batch.old_logp - ref, mask), tokens_here)
+        return PairCounts(pairs=pairs, tokens=tokens, untied=untied)
+
+    def micro_loss(ro, rows, counts):
+        pl = rows[0::2] // 2  # rows (2j, 2j+1) are pair j
+        scores, s_ref, delta = (ro.need(name, reader) for name in ("pair_scores", "pair_s_ref", "delta"))
+        old_logp, ref_logp = ro.need("old_logp", reader), ro.get("ref_logp")
+        ids, attn, cols, mask, ent, logp = micro_forward(policy, ro, rows, shape.temperature, shape.packed,
+                                                         shape.share_prompt, shape.top_k, shape.top_p)
+        add_padding(stats, attn, shape.packed)
+        ref = ref_logp[rows, cols].to(dev) if ref_logp is not None else None
+        batch = PairBatch(logp=logp, old_logp=old_logp[rows, cols].to(dev), mask=mask, ref_logp=ref,
+                          scores=scores[pl].to(dev), s_ref=s_ref[pl].to(dev), delta=delta[pl].to(dev))
+        loss, metrics = loss_fn(batch, cfg, counts)
+        stats.add_all(metrics)
+        tokens_here = mask.sum().item()
+        stats.add("entropy", masked_sum_f(ent, mask), tokens_here)
+        if ref is not None:
+            stats.add("kl", masked_sum_f(batch.old_logp - ref, mask), tokens_here)
+        return loss
+
+    step_loop(policy, ro, shape, shuffle_seed, begin_step, micro_loss, stats, unit=2)
 
 
 def add_padding(stats: Sums, attention_mask: torch.Tensor, packed: bool) -> None:

@@ -102,3 +102,33 @@ def test_a_lora_student_distills_with_its_base_unchanged(root):
     assert len(teacher_records(out)) == 2
     sft = load_safetensors(stage_dir(root, RUN, "sft") / "final")
     assert changed_tensors(sft, load_safetensors(out / "final"), atol=1e-7)  # the merged adapter moved the model
+
+
+def divergence_records(out) -> list[dict]:
+    return [r for r in read_metrics(out) if "distill_divergence" in r]
+
+
+@pytest.mark.parametrize("how", [["algo.distill_divergence=forward_kl"],
+                                 ["algo.distill_divergence=jsd", "algo.distill_top_k=8", "train.packing=true"]])
+def test_a_full_distribution_divergence_moves_the_student_towards_its_teacher(root, how):
+    """The teacher runs in the update's forwards (not the sampling-time phase): the divergence over the whole
+    vocabulary (or the teacher's top-k and the rest, packed forwards) falls, and no sampled-token KL is made."""
+    out = run(root, f"div_{how[0].split('=')[1]}", "train.max_steps=4", *how)
+    records = divergence_records(out)
+    div = [r["distill_divergence"] for r in records]
+    # forward KL 3.84 -> 3.60, JSD (bounded by log 2, top-8 and the rest) 0.614 -> 0.603 when written
+    assert len(div) == 4 and div[0] > 0.5 and all(b < a for a, b in zip(div, div[1:])), div
+    assert not teacher_records(out)  # the sampled-token signal (and its teacher phase) is not computed
+    sft = load_safetensors(stage_dir(root, RUN, "sft") / "final")
+    assert changed_tensors(sft, load_safetensors(out / "final"), atol=1e-7)
+    AutoModelForCausalLM.from_pretrained(out / "final")
+
+
+def test_a_divergence_from_a_teacher_identical_to_the_student_is_zero(root):
+    """The divergence's gradient at the teacher is zero only up to rounding (about 1e-7 of a probability), which
+    Adam would scale to full steps, so the weights are not compared here; tests/unit/test_divergence.py holds
+    the zero gradient in float64. Two ranks under ZeRO-3: the teacher's head is gathered as the student's."""
+    out = run(root, "div_same", "teacher.path=stage:sft", "train.max_steps=2", "algo.distill_divergence=jsd",
+              "deepspeed=zero3", "deepspeed.nproc_per_node=2", "train.micro_batch_per_device=4")
+    records = divergence_records(out)
+    assert len(records) == 2 and all(abs(r["distill_divergence"]) < 1e-6 for r in records), records

@@ -90,11 +90,14 @@ def test_a_request_for_weights_the_sampler_does_not_hold_is_refused(policy):
 
 def test_on_a_gpu_the_sampler_sees_its_ranks_device_and_its_engine_stays_awake(monkeypatch):
     from rlft.rollout.async_sampler import gpu_environment, sampler_cfg
+    from rlft.rollout.generate import ENGINE_SPECS
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert gpu_environment(torch.device("cuda", 1)) == {"CUDA_VISIBLE_DEVICES": "5"}  # the physical GPU of rank 1
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert gpu_environment(torch.device("cuda", 3)) == {"CUDA_VISIBLE_DEVICES": "3"}
     cfg = {"seed": 0, "rollout": {"engine": "vllm", "vllm": {"sleep": True, "gpu_memory_utilization": 0.3}}}
-    assert sampler_cfg(cfg)["rollout"]["vllm"] == {"sleep": False, "gpu_memory_utilization": 0.3}
+    beside = ENGINE_SPECS["vllm"].beside_trainer
+    assert sampler_cfg(cfg, beside)["rollout"]["vllm"] == {"sleep": False, "gpu_memory_utilization": 0.3}
+    assert sampler_cfg(cfg, ENGINE_SPECS["hf"].beside_trainer) == cfg
     assert cfg["rollout"]["vllm"]["sleep"] is True  # the trainer's settings are left as they are

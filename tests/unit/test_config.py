@@ -179,10 +179,33 @@ def test_options_the_run_never_reads_are_refused():
     validate(_compose(["algo=grpo", "algo.advantage=gae", "rollout.samples_per_prompt=2", "critic.lr=1e-3"]))
 
 
+def test_env_options_the_chosen_environment_never_reads_are_refused_when_given(monkeypatch):
+    """An env.* option on the command line that the built-in environment does not read (its `options_read`) is
+    one line naming that environment's options; a recipe's options of another environment are not (switching
+    env= on top of a recipe is how a user moves it), nor anything a user environment might read."""
+    def given(*overrides):
+        cfg = _compose(list(overrides))
+        validate(cfg, given=list(overrides))
+
+    for overrides, needles in [(["env=math", "env.task=leg_counting"], ["env.task", "env=math", "env.verifier"]),
+                               (["env=reasoning_gym", "env.sandbox=none"], ["env.sandbox", "env.task_config"]),
+                               (["env=calculator", "env.timeout_s=3"], ["env.timeout_s", "env=calculator"])]:
+        cfg = _compose(overrides)
+        with pytest.raises(ConfigError) as info:
+            validate(cfg, given=overrides)
+        assert "\n" not in str(info.value) and all(n in str(info.value) for n in needles), str(info.value)
+    given("env=python", "env.sandbox=none", "env.timeout_s=3")
+    given("env=reasoning_gym", "env.task=leg_counting", "env.seed=3")
+    given("experiment=smollm2_sft", "env=math")  # the recipe's env.task_config is not the user's
+    monkeypatch.syspath_prepend(str(conf_dir().parent / "tests" / "data"))
+    given("env.name=toy_env:CountA", "env.task=anything")  # tests/data/toy_env.py
+
+
 def test_each_option_that_only_some_runs_read_declares_a_known_rule():
     """`read_when` names a rule of READ_RULES (a typo would silently exempt the option); every rule is used."""
     from rlft.config.fields import read_rule
     from rlft.config.validate import READ_RULES
+    from rlft.rollout.sampling import ENGINES
 
     declared = set()
 
@@ -192,8 +215,11 @@ def test_each_option_that_only_some_runs_read_declares_a_known_rule():
             if dataclasses.is_dataclass(default):
                 walk(type(default))
             elif read_rule(schema, f):
-                assert read_rule(schema, f) in READ_RULES, f"{schema.__name__}.{f.name}: {read_rule(schema, f)}"
-                declared.add(read_rule(schema, f))
+                name, _, arg = read_rule(schema, f).partition(":")
+                assert name in READ_RULES, f"{schema.__name__}.{f.name}: {read_rule(schema, f)}"
+                if name == "engine":  # engine:<a registered rollout engine>
+                    assert arg in ENGINES and arg != "auto", f"{schema.__name__}.{f.name}: {read_rule(schema, f)}"
+                declared.add(name)
 
     for schema in [*ALGO_SCHEMAS.values(), *(s for s in SECTIONS.values() if dataclasses.is_dataclass(s))]:
         walk(schema)
@@ -276,6 +302,19 @@ def test_distillation_needs_a_teacher_and_only_it_reads_one():
     _one_line_error(["algo=grpo", "algo.distill_coef=0.5"], "algo.distill_coef=0.5", "never used")
     _one_line_error(["algo=distill", "teacher.path=builtin:tiny", "algo.outcome_weight=1.0",
                      "rollout.samples_per_prompt=1"], "rollout.samples_per_prompt=1")
+    # full-distribution divergences: the choice, beta only with jsd, top-k only with a divergence, chunked heads
+    validate(_compose(["algo=distill", "teacher.path=builtin:tiny", "algo.distill_divergence=jsd",
+                       "algo.distill_beta=0.3", "algo.distill_top_k=16"]))
+    _one_line_error(["algo=distill", "teacher.path=builtin:tiny", "algo.distill_divergence=kl"],
+                    "algo.distill_divergence='kl'", "forward_kl")
+    _one_line_error(["algo=distill", "teacher.path=builtin:tiny", "algo.distill_beta=0.3"], "algo.distill_beta=0.3",
+                    "distill_divergence=jsd")
+    _one_line_error(["algo=distill", "teacher.path=builtin:tiny", "algo.distill_top_k=5"], "algo.distill_top_k=5",
+                    "full-distribution")
+    _one_line_error(["algo=distill", "teacher.path=builtin:tiny", "algo.distill_divergence=jsd",
+                     "algo.distill_beta=1.0"], "algo.distill_beta=1.0", "(0, 1)")
+    _one_line_error(["algo=distill", "teacher.path=builtin:tiny", "algo.distill_divergence=forward_kl",
+                     "train.logit_chunk_tokens=0"], "train.logit_chunk_tokens > 0")
 
 
 def test_engine_options_and_the_kl_controllers_are_refused_where_unread():

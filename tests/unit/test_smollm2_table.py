@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 
 import pytest
 from helpers import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))  # the script imports its sibling env_table, as when run
 spec = importlib.util.spec_from_file_location("smollm2_table", REPO / "scripts" / "smollm2_table.py")
 table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(table)
