@@ -3,17 +3,17 @@
 one SFT model, a few steps each, the phase times read from metrics.jsonl (the first step left out).
 
     python scripts/smollm2_speed.py --sft runs/smol/sft/final                  # every configuration
-    python scripts/smollm2_speed.py --sft runs/smol/sft/final --configs plain,shared --steps 6
+    python scripts/smollm2_speed.py --sft runs/smol/sft/final --configs recipe,plain --steps 6
 
-Configurations (each adds to the recipe's own settings):
-  plain         the recipe as it was: every completion's forward and prefill runs its whole prompt
-  shared        train.share_prompt: each group's prompt once in the update and the log-prob passes
-  shared_fill   + rollout.hf_share_prefill: each group's prompt prefilled once for sampling
-  micro64       + train.micro_batch_per_device=64: one forward per 64 sequences
-  lora          + model.lora.rank=16 (the reference is the base with the adapter off)
-  async         + rollout.max_staleness=1 (a sampler process beside the trainer, one thread each)
-  vllm          + rollout.engine=vllm (vLLM's CPU build, prefix caching), instead of hf's shared prefill
-Writes runs/<run>/speed.{json,md}: seconds per step by phase and samples per hour.
+Configurations (the recipe shares each group's prompt in the forwards and the prefill; the others change it):
+  recipe        experiment=smollm2_grpo as shipped (train.share_prompt, rollout.hf_share_prefill)
+  plain         neither: every completion's forward and prefill runs its whole prompt
+  shared        train.share_prompt only
+  micro64       the recipe + train.micro_batch_per_device=64: one forward per 64 sequences
+  lora          the recipe + model.lora.rank=16 (the reference is the base with the adapter off)
+  async         the recipe + rollout.max_staleness=1 (a sampler process beside the trainer, one thread each)
+  vllm          the recipe with rollout.engine=vllm (vLLM's CPU build, prefix caching) instead of hf's prefill
+Writes runs/<run>/speed.{json,md}: seconds per step by phase, samples per hour, and each against the recipe.
 """
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from pathlib import Path
 from rlft.experiments import rlft_command
 
 CONFIGS = {
-    "plain": [],
-    "shared": ["train.share_prompt=true"],
-    "shared_fill": ["train.share_prompt=true", "rollout.hf_share_prefill=true"],
-    "micro64": ["train.share_prompt=true", "rollout.hf_share_prefill=true", "train.micro_batch_per_device=64"],
-    "lora": ["train.share_prompt=true", "rollout.hf_share_prefill=true", "model.lora.rank=16"],
-    "async": ["train.share_prompt=true", "rollout.hf_share_prefill=true", "rollout.max_staleness=1"],
-    "vllm": ["train.share_prompt=true", "rollout.engine=vllm"],
+    "recipe": [],
+    "plain": ["train.share_prompt=false", "rollout.hf_share_prefill=false"],
+    "shared": ["rollout.hf_share_prefill=false"],
+    "micro64": ["train.micro_batch_per_device=64"],
+    "lora": ["model.lora.rank=16"],
+    "async": ["rollout.max_staleness=1"],
+    "vllm": ["rollout.engine=vllm", "rollout.hf_share_prefill=false", "rollout.hf_cache=static"],  # hf-only options off
 }
 PHASES = ("time/sample_s", "time/logprobs_s", "time/update_s", "time/step_s")
 
@@ -73,9 +73,9 @@ def measure(out: Path) -> dict:
 
 
 def write_table(root: Path, results: dict) -> None:
-    lines = ["| configuration | sample s | log-prob s | update s | step s | samples/hour | vs plain |",
+    lines = ["| configuration | sample s | log-prob s | update s | step s | samples/hour | vs recipe |",
              "|---|---|---|---|---|---|---|"]
-    base = results.get("plain", {}).get("samples_per_hour")
+    base = results.get("recipe", {}).get("samples_per_hour")
     for name, r in results.items():
         ratio = f"{r['samples_per_hour'] / base:.2f}x" if base else ""
         lines.append(f"| {name} | {r['time/sample_s']:.1f} | {r['time/logprobs_s']:.1f} | {r['time/update_s']:.1f} | "

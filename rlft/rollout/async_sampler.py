@@ -20,12 +20,13 @@ sampler's version; the loss corrects for it with the recorded log-probs (rollout
 docs/algorithms.md "Asynchronous RL").
 
 Weight-sync safety: the sampler reports the version it holds and a fingerprint of its weights after
-loading them (float64 sums of a few named tensors); the trainer compares it with the fingerprint of
-the weights it sent. A sample request for a version the sampler does not hold, or a fingerprint that
+loading them (exactly rounded sums of evenly spaced elements of a few named tensors: the same on any
+device and thread count); the trainer compares it with the fingerprint of the weights it sent. A sample request for a version the sampler does not hold, or a fingerprint that
 differs, stops the run with an error naming the version, never a silent run on old weights.
 """
 from __future__ import annotations
 
+import math
 import os
 import queue
 import time
@@ -36,18 +37,26 @@ from dataclasses import dataclass
 import torch
 
 FINGERPRINT_TENSORS = 6
+FINGERPRINT_ELEMENTS = 4096  # per tensor, evenly spaced
 
 
 def fingerprint(named: list[tuple[str, torch.Tensor]]) -> tuple:
-    """(name, float64 sum) of a few tensors spread over the sorted names: cheap, and different when a
-    sync did not reach the sampler."""
+    """(name, sum) of a few tensors spread over the sorted names, each sum over evenly spaced elements and
+    exactly rounded (math.fsum): cheap, equal wherever the same weights are held (a float64 tensor sum
+    depends on the device and, for a large tensor, on the thread count), and different when a sync did
+    not reach the sampler (an update changes every element)."""
     by_name = dict(named)
     names = sorted(by_name)
     if not names:
         return ()
     step = max(1, len(names) // FINGERPRINT_TENSORS)
     picked = names[::step][:FINGERPRINT_TENSORS] + [names[-1]]
-    return tuple((name, float(by_name[name].double().sum())) for name in dict.fromkeys(picked))
+    return tuple((name, spaced_sum(by_name[name])) for name in dict.fromkeys(picked))
+
+
+def spaced_sum(tensor: torch.Tensor) -> float:
+    flat = tensor.detach().flatten()
+    return math.fsum(flat[::max(1, flat.numel() // FINGERPRINT_ELEMENTS)].double().cpu().tolist())
 
 
 def load_weights(model: torch.nn.Module, named: list[tuple[str, torch.Tensor]]) -> None:

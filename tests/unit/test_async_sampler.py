@@ -101,3 +101,24 @@ def test_on_a_gpu_the_sampler_sees_its_ranks_device_and_its_engine_stays_awake(m
     assert sampler_cfg(cfg, beside)["rollout"]["vllm"] == {"sleep": False, "gpu_memory_utilization": 0.3}
     assert sampler_cfg(cfg, ENGINE_SPECS["hf"].beside_trainer) == cfg
     assert cfg["rollout"]["vllm"]["sleep"] is True  # the trainer's settings are left as they are
+
+
+def test_a_weight_fingerprint_is_the_same_on_any_thread_count_and_changes_with_an_update():
+    """A float64 tensor sum depends on the thread count for a large tensor (a real model's embedding), so the
+    sampler (one thread) and the trainer (several) once disagreed on the same weights and stopped the run."""
+    from rlft.rollout.async_sampler import fingerprint
+
+    g = torch.Generator().manual_seed(0)
+    weights = [("model.embed_tokens.weight", torch.randn(49152, 576, generator=g)),
+               ("model.norm.weight", torch.randn(576, generator=g))]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fingerprint(weights)
+        torch.set_num_threads(2)
+        two = fingerprint([(n, t.clone()) for n, t in weights])
+    finally:
+        torch.set_num_threads(threads)
+    assert one == two
+    updated = [(n, t + 1e-6 * torch.randn(t.shape, generator=g)) for n, t in weights]  # one small update
+    assert fingerprint(updated) != one
