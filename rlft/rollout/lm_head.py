@@ -131,9 +131,7 @@ def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
     EXTRAS) add [N] fp32 tensors without grad; then the result is (log-probs, {name: tensor}). With a teacher
     `term` and the teacher's final hidden states at the same tokens ([N, H_teacher], no grad), the teacher's head
     runs on the same chunks and {"divergence": [N]} (with grad) joins the extras."""
-    inner = unwrap(model)
-    head, process = frozen_zero3_head(inner.get_output_embeddings()), logit_processing(inner.config)
-    context = getattr(model, "head_context", contextlib.nullcontext)  # a LoRA reference: the adapter off
+    head, process, context = head_parts(model)
     step = max(1, chunk_tokens or chunk_tokens_of(model))
     divergence = teacher_divergence(term, temperature) if term is not None else None
 
@@ -153,7 +151,7 @@ def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
 
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(
         p.requires_grad for p in getattr(head, "parameters", tuple)()))
-    chunks = [(h, t) for h, t in zip(hidden.split(step), targets.split(step))]
+    chunks = list(zip(hidden.split(step), targets.split(step)))
     if term is not None:
         chunks = [(h, t, th) for (h, t), th in zip(chunks, teacher_hidden.split(step))]
     parts = [checkpoint(piece, *c, use_reentrant=False, preserve_rng_state=False) if recompute else piece(*c)
@@ -167,15 +165,21 @@ def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
     return logp, more
 
 
+def head_parts(model) -> tuple[Callable, Callable, Callable]:
+    """A model's LM head (a plain copy where ZeRO-3 partitions a frozen one), its final logit processing, and the
+    context its head runs in (a LoRA reference's: the adapter off)."""
+    inner = unwrap(model)
+    return (frozen_zero3_head(inner.get_output_embeddings()), logit_processing(inner.config),
+            getattr(model, "head_context", contextlib.nullcontext))
+
+
 def teacher_divergence(term: TeacherTerm, temperature: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """(the student's fp32 logits / temperature of a chunk [N, V], the teacher's hidden states there) -> the
     term's divergence per token [N], with grad to the student's logits: the teacher's head runs without grad; a
     vocabulary of another size than the student's is one line (distillation needs the same tokenizer)."""
     from rlft.algos.divergence import token_divergence
 
-    inner = unwrap(term.teacher)
-    head, process = frozen_zero3_head(inner.get_output_embeddings()), logit_processing(inner.config)
-    context = getattr(term.teacher, "head_context", contextlib.nullcontext)
+    head, process, context = head_parts(term.teacher)
 
     def divergence(student: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), context():

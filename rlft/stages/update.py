@@ -143,6 +143,11 @@ def step_loop(engine, rollout: rb.Rollout, shape: Shape, shuffle_seed: int | Non
             engine.step()
 
 
+def token_denominator(shape: Shape) -> Callable:
+    """step_loop's `begin_step` for a per-token loss: the minibatch's global token denominator."""
+    return lambda ro, start, per_mb: global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
+
+
 def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: float,
                   shuffle_seed: int | None = None, term: TeacherTerm | None = None) -> None:
     """The policy's optimizer steps with the registered per-token loss. With the rollout's is_weight (the
@@ -157,9 +162,6 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
     kl_fn = KL_ESTIMATORS.get(algo.kl_estimator)
     options = POLICY_LOSSES.meta(algo.policy_loss).get("options", ())
     pl_cfg = PolicyLossConfig(**{key: getattr(algo, key) for key in options})
-
-    def begin_step(ro, start, per_mb):
-        return global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
 
     def micro_loss(ro, rows, denom):  # ro: the rollout as this pass orders it (rows index it)
         adv = ro.need("adv", f"policy loss {algo.policy_loss}")
@@ -186,7 +188,7 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
         stats.add("entropy", masked_sum_f(ent, mask), tokens)
         return aggregate(loss_tok, mask, denom)
 
-    step_loop(policy, ro, shape, shuffle_seed, begin_step, micro_loss, stats)
+    step_loop(policy, ro, shape, shuffle_seed, token_denominator(shape), micro_loss, stats)
 
 
 def update_critic(critic, ro: rb.Rollout, stats: Sums, shape: Shape, value_clip: float,
@@ -194,9 +196,6 @@ def update_critic(critic, ro: rb.Rollout, stats: Sums, shape: Shape, value_clip:
     """The critic's optimizer steps (clipped value loss on the rollout's returns), over the same
     minibatches and forwards as the policy's."""
     dev = critic.device
-
-    def begin_step(ro, start, per_mb):
-        return global_denominator(ro.mask[start:start + per_mb], shape.max_new_tokens)
 
     def micro_loss(ro, rows, denom):
         old_values, returns = ro.need("values", "the value loss"), ro.need("returns", "the value loss")
@@ -210,7 +209,7 @@ def update_critic(critic, ro: rb.Rollout, stats: Sums, shape: Shape, value_clip:
         stats.add("vf_clipfrac", vm["vf_clipfrac"].item() * tokens, tokens)
         return vloss
 
-    step_loop(critic, ro, shape, shuffle_seed, begin_step, micro_loss)
+    step_loop(critic, ro, shape, shuffle_seed, token_denominator(shape), micro_loss)
 
 
 def update_pairwise(policy, ro: rb.Rollout, stats: Sums, shape: Shape, pairwise, kl_coef: float,
