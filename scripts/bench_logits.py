@@ -5,7 +5,7 @@ rlft before the chunked head), rlft's chunked head (rlft/rollout/lm_head.py) and
 micro-batch of the GRPO update and of an SFT step, with and without activation checkpointing.
 
     python scripts/bench_logits.py                                    # SmolLM2's shape, 8 sequences
-    python scripts/bench_logits.py --shapes qwen2-0.5b,smollm2-135m --micro 8,32 --rounds 2 --out bench_logits.json
+    python scripts/bench_logits.py --shapes qwen2-0.5b,smollm2-135m --micro 8,32 --rounds 2 --out bench_logits.jsonl
     python scripts/bench_logits.py --paths chunked --micro 64,128 --steps 1   # how large a micro-batch fits
 
 Each measurement is its own process (a clean peak resident set), building the shape with random weights
@@ -17,7 +17,9 @@ backward, optimizer step. --warmup steps are dropped, the median of the next --s
 Configurations run in rounds, each round every configuration once, so a drift of the machine spreads over
 all of them. Peak: the process's peak resident set (GiB) and its growth over the set-up (model, batch,
 AdamW's states after the warm-up step excluded: what the step itself adds). A configuration killed for
-memory or past --timeout is reported as such. Writes JSON (--out) and prints a table.
+memory or past --timeout is reported as such. Each measurement is appended to --out (JSON lines) as it
+ends, and a rerun with the same --out skips the measurements already there, so a long benchmark resumes
+where it stopped; the table is printed from everything in the file that matches the asked configurations.
 """
 from __future__ import annotations
 
@@ -166,22 +168,29 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="JSON lines file: each measurement appended as it ends; rerun to resume")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
     combos = list(itertools.product(args.shapes.split(","), args.stages.split(","), map(int, args.micro.split(",")),
                                     [c == "on" for c in args.checkpointing.split(",")], args.paths.split(",")))
-    runs: dict[tuple, list[dict]] = {c: [] for c in combos}
+    settings = dict(prompt=args.prompt_tokens, response=args.response_tokens, warmup=args.warmup, steps=args.steps,
+                    threads=args.threads)
+    done = read_done(args.out, settings)
+    runs: dict[tuple, list[dict]] = {c: list(done.get(c, [])) for c in combos}
     for rnd in range(args.rounds):
         for combo in combos:
+            if len(runs[combo]) > rnd:
+                continue  # measured by an earlier invocation with this --out
             shape, stage, micro, ckpt, path = combo
-            spec = dict(shape=shape, stage=stage, micro=micro, checkpointing=ckpt, path=path, prompt=args.prompt_tokens,
-                        response=args.response_tokens, warmup=args.warmup, steps=args.steps, threads=args.threads)
+            spec = dict(shape=shape, stage=stage, micro=micro, checkpointing=ckpt, path=path, **settings)
             started = time.time()
             out = run_one(spec, args.timeout)
             runs[combo].append(out)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps({"spec": spec, "result": out}) + "\n")
             said = out.get("error") or f"{statistics.median(out['step_s']):.2f} s/step, peak {out['peak_gib']:.2f} GiB"
             print(f"[bench_logits] round {rnd + 1}/{args.rounds} {combo}: {said} ({time.time() - started:.0f} s)",
                   flush=True)
@@ -195,12 +204,21 @@ def main() -> None:
             row.update(step_s=[t for o in good for t in o["step_s"]], peak_gib=max(o["peak_gib"] for o in good),
                        step_growth_gib=max(o["step_growth_gib"] for o in good))
         results.append(row)
-    report = table(results)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"settings": vars(args), "results": results}, f, indent=1)
+    print(table(results))
 
+
+def read_done(path: str | None, settings: dict) -> dict[tuple, list[dict]]:
+    """Measurements an earlier invocation appended to `path` with the same token counts, steps and threads."""
+    done: dict[tuple, list[dict]] = {}
+    if not path or not os.path.exists(path):
+        return done
+    with open(path) as f:
+        for line in f:
+            spec, out = json.loads(line)["spec"], json.loads(line)["result"]
+            if all(spec[k] == v for k, v in settings.items()):
+                key = (spec["shape"], spec["stage"], spec["micro"], spec["checkpointing"], spec["path"])
+                done.setdefault(key, []).append(out)
+    return done
 
 if __name__ == "__main__":
     main()
