@@ -114,7 +114,8 @@ class Setup:
     activation_checkpointing: bool = False
     micro_batch_tokens: int = 0  # positions of one training micro-batch (sequences x padded length)
     loss_tokens: int = 0  # of those, the ones whose logits are computed (responses)
-    logit_chunk_tokens: int = 1024  # train.logit_chunk_tokens: loss tokens whose logits exist at once (0: all)
+    logit_chunk_tokens: int | None = None  # train.logit_chunk_tokens: loss tokens whose logits exist at once
+    # (None: lm_head.default_chunk_tokens of the vocabulary; 0: all)
     generate_sequences: int = 0  # sequences generated at once (0: no generation, e.g. SFT)
     generate_positions: int = 0  # prompt + new tokens of each
     zero3_sub_group_elements: int = 10**9  # ZeRO-3 optimizer-step sub-group (deepspeed.zero3_sub_group_elements)
@@ -187,8 +188,13 @@ def estimate(shape: Shape, s: Setup, cpu: bool = False, rank0: bool = True) -> E
             acts = s.micro_batch_tokens * (shape.layers * shape.hidden * wb + per_layer)
         else:
             acts = s.micro_batch_tokens * shape.layers * per_layer
-        if s.logit_chunk_tokens:
-            head = min(s.loss_tokens, s.logit_chunk_tokens) * shape.vocab * (2 * wb + 16)
+        chunk = s.logit_chunk_tokens
+        if chunk is None:
+            from rlft.rollout.lm_head import default_chunk_tokens  # torch only where the default is asked for
+
+            chunk = default_chunk_tokens(shape.vocab)
+        if chunk:
+            head = min(s.loss_tokens, chunk) * shape.vocab * (2 * wb + 16)
         else:
             logits = s.loss_tokens * shape.vocab * 4
             head = 2 * logits + 2 * min(logits, CHUNK_BYTES)

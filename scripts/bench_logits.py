@@ -7,6 +7,7 @@ micro-batch of the GRPO update and of an SFT step, with and without activation c
     python scripts/bench_logits.py                                    # SmolLM2's shape, 8 sequences
     python scripts/bench_logits.py --shapes qwen2-0.5b,smollm2-135m --micro 8,32 --rounds 2 --out bench_logits.jsonl
     python scripts/bench_logits.py --paths chunked --micro 64,128 --steps 1   # how large a micro-batch fits
+    python scripts/bench_logits.py --shapes qwen2-0.5b --paths today,chunked,chunked@256   # chunks of 256 tokens
 
 Each measurement is its own process (a clean peak resident set), building the shape with random weights
 in fp32 (nothing downloaded), a micro-batch of --micro sequences of --prompt-tokens + --response-tokens
@@ -80,7 +81,10 @@ def logp_of(model, path: str, ids, attn, mask, extra: str):
         out = model(input_ids=ids, attention_mask=attn, labels=labels, fused_lm_head=True)
         value = out.entropy if extra == "entropy" else out.is_top1.float()
         return out.log_probs, value.detach()
-    lm_head.DEFAULT_CHUNK_TOKENS = 0 if path == "today" else lm_head.DEFAULT_CHUNK_TOKENS
+    if path == "today":
+        lm_head.DEFAULT_CHUNK_TOKENS = 0
+    elif "@" in path:  # chunked@N: chunks of N tokens instead of the default
+        lm_head.DEFAULT_CHUNK_TOKENS = int(path.split("@")[1])
     logp, more = token_logp(model, ids, attn, 1.0, response_start(mask), mask=mask, extras=(extra,))
     return logp, more[extra]
 

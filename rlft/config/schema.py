@@ -79,11 +79,12 @@ class TrainConfig:
     cache, reused by the group's completions) in the update and in the old and reference log-prob passes: on
     short completions after a long prompt most of the compute goes (docs/performance.md). The same log-probs
     and gradients up to floating-point order. Not with train.packing."""
-    logit_chunk_tokens: int = free_on_resume(1024)
+    logit_chunk_tokens: Optional[int] = free_on_resume(None)
     """Tokens whose logits exist at once in the training and scoring forwards: they stop at the final hidden
     states and the LM head, log-softmax and entropy run a chunk of tokens at a time, only at the tokens that
-    carry loss, each chunk recomputed in the backward (rlft/rollout/lm_head.py, docs/performance.md). 0: the
-    model's own logits, all positions at once."""
+    carry loss, each chunk recomputed in the backward (rlft/rollout/lm_head.py, docs/performance.md). null:
+    by vocabulary, at most 192 MiB of fp32 logits a chunk (1024 tokens at 49,152 entries, 256 at 151,936);
+    0: the model's own logits, all positions at once."""
     log_every: Optional[int] = free_on_resume(None)
     """Log metrics every this many optimizer steps (null: the defaults table)."""
     save_every: Optional[int] = free_on_resume(None)

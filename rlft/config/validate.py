@@ -58,6 +58,9 @@ def validate(cfg, recorded: Optional[dict] = None, given: Sequence[str] = ()) ->
     if train.max_tokens_per_micro_batch < 0:
         raise ConfigError(f"train.max_tokens_per_micro_batch={train.max_tokens_per_micro_batch} must be 0 (off: "
                           "train.micro_batch_per_device sequences per forward) or a token budget")
+    if train.logit_chunk_tokens is not None and train.logit_chunk_tokens < 0:
+        raise ConfigError(f"train.logit_chunk_tokens={train.logit_chunk_tokens} must be null (by vocabulary), 0 (the "
+                          "model's own logits) or a number of tokens")
     if cfg.model.lora.load_in_4bit:
         if cfg.model.lora.rank <= 0:
             raise ConfigError("model.lora.load_in_4bit=true quantizes the base under a LoRA adapter; set "
@@ -396,7 +399,7 @@ def check_divergence(algo, train) -> None:
     if not 0.0 < algo.distill_beta < 1.0 or algo.distill_top_k < 0:
         raise ConfigError(f"algo.distill_beta={algo.distill_beta} must be in (0, 1) and algo.distill_top_k="
                           f"{algo.distill_top_k} >= 0 (0: the whole vocabulary)")
-    if int(train.logit_chunk_tokens) == 0:
+    if train.logit_chunk_tokens == 0:
         raise ConfigError(f"algo.distill_divergence={algo.distill_divergence} runs the student's and the teacher's "
                           "LM heads together a chunk of tokens at a time: set train.logit_chunk_tokens > 0")
 

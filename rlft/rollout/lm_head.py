@@ -33,8 +33,23 @@ from torch.utils.checkpoint import checkpoint
 
 from rlft.errors import ConfigError
 
-DEFAULT_CHUNK_TOKENS = 1024
-"""Tokens whose logits exist at once (train.logit_chunk_tokens): 1024 x 151,936 fp32 logits are 0.6 GB."""
+CHUNK_LOGIT_BYTES = 192 * 2**20
+"""The default chunk's fp32 logits at most (train.logit_chunk_tokens=null): a chunk's working set in the forward
+and the backward's recompute is a few times this (docs/performance.md)."""
+
+DEFAULT_CHUNK_TOKENS: int | None = None
+"""Tokens whose logits exist at once where a model has no train.logit_chunk_tokens of its own (None: by
+vocabulary, `default_chunk_tokens`)."""
+
+
+def default_chunk_tokens(vocab: int) -> int:
+    """The largest power of two of tokens whose fp32 logits fit CHUNK_LOGIT_BYTES: 1024 at SmolLM2's 49,152-token
+    vocabulary, 256 at Qwen2's 151,936. One size for every vocabulary either wastes memory on a large one
+    (1024 x 151,936 logits weigh as much as a whole 8 x 384-token micro-batch's) or speed on a small one."""
+    tokens = 1
+    while 2 * tokens * vocab * 4 <= CHUNK_LOGIT_BYTES:
+        tokens *= 2
+    return tokens
 
 EXTRAS = ("entropy", "top1")
 """What `head_logp` can return beside the log-probs (no grad): the entropy of each token's distribution and
@@ -66,10 +81,16 @@ def logit_processing(config) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def chunk_tokens_of(model) -> int:
-    """The chunk size a model's forwards use: its Trainer's train.logit_chunk_tokens, else the default."""
+    """The chunk size a model's forwards use: its Trainer's train.logit_chunk_tokens, else DEFAULT_CHUNK_TOKENS,
+    else the size for its vocabulary (0: the model's own logits)."""
     cfg = getattr(model, "cfg", None)
     value = getattr(getattr(cfg, "train", None), "logit_chunk_tokens", None)
-    return DEFAULT_CHUNK_TOKENS if value is None else int(value)
+    value = DEFAULT_CHUNK_TOKENS if value is None else value
+    if value is not None:
+        return int(value)
+    config = unwrap(model).config
+    vocab = getattr(config, "vocab_size", None) or getattr(config.get_text_config(), "vocab_size", None)
+    return default_chunk_tokens(int(vocab)) if vocab else 1024
 
 
 def hidden_forward(model, **inputs) -> tuple[torch.Tensor, object]:

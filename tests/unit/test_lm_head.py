@@ -170,3 +170,15 @@ def test_hf_engine_log_probs_at_top_p_are_the_trainers_truncated_ones():
     assert float((replayed - sampled)[on].abs().max()) < 1e-5
     untouched = batched_token_logp(model, ids, attn, 8, 0.8, mask, top_k=0, top_p=1.0)
     assert torch.equal(untouched, full)  # no truncation asked: bit for bit the same values
+
+
+def test_the_default_chunk_holds_a_fixed_budget_of_logits_whatever_the_vocabulary():
+    assert lm_head.default_chunk_tokens(49_152) == 1024  # SmolLM2: 192 MiB of fp32 logits
+    assert lm_head.default_chunk_tokens(151_936) == 256  # Qwen2: 148 MiB (512 would be 297)
+    for vocab in (97, 32_000, 128_256, 256_000):
+        n = lm_head.default_chunk_tokens(vocab)
+        assert n * vocab * 4 <= lm_head.CHUNK_LOGIT_BYTES < 2 * n * vocab * 4
+    model = tiny("llama")
+    assert lm_head.chunk_tokens_of(model) == lm_head.default_chunk_tokens(V)  # no train.logit_chunk_tokens of its own
+    model.cfg = type("Cfg", (), {"train": type("Train", (), {"logit_chunk_tokens": 16})})()
+    assert lm_head.chunk_tokens_of(model) == 16

@@ -3,6 +3,7 @@ bytes-per-parameter rules of each ZeRO stage, precision, LoRA and offload."""
 import pytest
 
 from rlft import memory
+from rlft.rollout import lm_head
 
 SMALL = memory.Shape(layers=2, hidden=64, intermediate=96, heads=4, kv_heads=2, vocab=300)
 
@@ -93,6 +94,9 @@ def test_phases_and_peak():
     chunked = memory.estimate(SMALL, memory.Setup(**{**s.__dict__, "logit_chunk_tokens": 25}))
     assert whole.phases["training"] - chunked.phases["training"] == pytest.approx(
         4 * logits - 25 * SMALL.vocab * (2 * 4 + 16))  # one chunk's logits and gradients instead
+    by_vocab = memory.estimate(SMALL, memory.Setup(**{**s.__dict__, "logit_chunk_tokens": lm_head.default_chunk_tokens(
+        SMALL.vocab)}))
+    assert est.phases["training"] == by_vocab.phases["training"]  # null: the chunk the LM head takes for the vocabulary
     assert est.peak == pytest.approx(10**9 + est.states + max(est.phases.values()))
     assert est.peak_phase == max(est.phases, key=est.phases.get)
     checkpointed = memory.estimate(SMALL, memory.Setup(**{**s.__dict__, "activation_checkpointing": True}))
