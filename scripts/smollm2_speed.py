@@ -9,7 +9,7 @@ Configurations (the recipe shares each group's prompt in the forwards and the pr
   recipe        experiment=smollm2_grpo as shipped (train.share_prompt, rollout.hf_share_prefill)
   plain         neither: every completion's forward and prefill runs its whole prompt
   shared        train.share_prompt only
-  micro64       the recipe + train.micro_batch_per_device=64: one forward per 64 sequences
+  micro8        the recipe with train.micro_batch_per_device=8 (the recipe's micro-batch before it was 64)
   lora          the recipe + model.lora.rank=16 (the reference is the base with the adapter off)
   async         the recipe + rollout.max_staleness=1 (a sampler process beside the trainer, one thread each)
   vllm          the recipe with rollout.engine=vllm (vLLM's CPU build, prefix caching) instead of hf's prefill
@@ -28,7 +28,7 @@ CONFIGS = {
     "recipe": [],
     "plain": ["train.share_prompt=false", "rollout.hf_share_prefill=false"],
     "shared": ["rollout.hf_share_prefill=false"],
-    "micro64": ["train.micro_batch_per_device=64"],
+    "micro8": ["train.micro_batch_per_device=8"],
     "lora": ["model.lora.rank=16"],
     "async": ["rollout.max_staleness=1"],
     "vllm": ["rollout.engine=vllm", "rollout.hf_share_prefill=false", "rollout.hf_cache=static"],  # hf-only options off
