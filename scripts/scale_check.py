@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -143,7 +144,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("--stages", default="sft,grpo")
     args = p.parse_args(argv)
     out = args.out.resolve()
-    model_dir = scale_model.build(args.shape, out / f"{args.shape}-shape")
+    # built in its own process: a run started from this one inherits its peak resident set (Linux keeps
+    # ru_maxrss across fork and exec), and building a 0.5B model here would count as that run's own
+    model_dir = out / f"{args.shape}-shape"
+    subprocess.run([sys.executable, scale_model.__file__, "--shape", args.shape, "--out", str(model_dir)], check=True,
+                   stdout=subprocess.DEVNULL)
     params = json.loads((model_dir / "shape.json").read_text())["parameters"]
     print(f"[scale_check] {args.shape}: {params / 1e6:.1f}M parameters at {model_dir}", flush=True)
     rows = []
