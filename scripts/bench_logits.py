@@ -218,11 +218,13 @@ def read_done(path: str | None, settings: dict) -> dict[tuple, list[dict]]:
         return done
     with open(path) as f:
         for line in f:
-            spec, out = json.loads(line)["spec"], json.loads(line)["result"]
+            record = json.loads(line)
+            spec, out = record["spec"], record["result"]
             if all(spec[k] == v for k, v in settings.items()):
                 key = (spec["shape"], spec["stage"], spec["micro"], spec["checkpointing"], spec["path"])
                 done.setdefault(key, []).append(out)
     return done
+
 
 if __name__ == "__main__":
     main()

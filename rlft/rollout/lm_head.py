@@ -88,9 +88,7 @@ def chunk_tokens_of(model) -> int:
     value = DEFAULT_CHUNK_TOKENS if value is None else value
     if value is not None:
         return int(value)
-    config = unwrap(model).config
-    vocab = getattr(config, "vocab_size", None) or getattr(config.get_text_config(), "vocab_size", None)
-    return default_chunk_tokens(int(vocab)) if vocab else 1024
+    return default_chunk_tokens(unwrap(model).config.get_text_config().vocab_size)
 
 
 def hidden_forward(model, **inputs) -> tuple[torch.Tensor, object]:
