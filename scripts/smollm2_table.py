@@ -20,8 +20,9 @@ Rows (each with the recipes experiment=smollm2_{sft,grpo,online_rft} unchanged):
   leg_counting      reasoning-gym: legs of 1-2 kinds of animal, 1-4 of each;
   simple_equations  reasoning-gym: solve a two-term linear equation, values up to 10.
 Algorithms: sft, grpo (experiment=smollm2_grpo), online_rft, grpo_before (the GRPO recipe as it was before
-its tuning: 60 rollouts of 8 prompts x 8 samples). Per seed: SFT (seed s) -> each RL algorithm from that SFT
-model (seed s); the base model is evaluated once. Every model is evaluated on the row's held-out problems
+its tuning: 60 rollouts of 8 prompts x 8 samples), grpo_pool (the recipe with the difficulty pool over 256
+training questions) and grpo_256 (the same 256 questions without the pool). Per seed: SFT (seed s) -> each
+RL algorithm from that SFT model (seed s); the base model is evaluated once. Every model is evaluated on the row's held-out problems
 (greedy, pass@4).
 
 Runs go to runs/<run>/<row>/<algo>_s<seed>/, evaluations to
@@ -42,9 +43,14 @@ from pathlib import Path
 
 from rlft.experiments import cell, rlft_command
 
-RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft", "grpo_before": "smollm2_grpo"}
+RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft", "grpo_before": "smollm2_grpo",
+          "grpo_256": "smollm2_grpo", "grpo_pool": "smollm2_grpo"}
 # the GRPO recipe as it was before its tuning on chain_sum: 60 rollouts of 8 prompts x 8 (3,840 samples)
-RECIPE_OVERRIDES = {"grpo_before": ["rollout.prompts_per_step=8", "train.max_steps=60"]}
+RECIPE_OVERRIDES = {"grpo_before": ["rollout.prompts_per_step=8", "train.max_steps=60"],
+                    # the difficulty pool acts only where prompts come back: 256 training questions, each drawn
+                    # 5 times in the recipe's 80 rollouts of 16; grpo_256 is the same without the pool
+                    "grpo_256": ["data.max_train_rows=256"],
+                    "grpo_pool": ["data.max_train_rows=256", "rollout.pool.enabled=true"]}
 # reasoning-gym tasks the recipes were not tuned on, each with the recipes' answer format
 GYM_ROWS = {
     "leg_counting": ["env.task=leg_counting",
