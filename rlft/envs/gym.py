@@ -23,8 +23,19 @@ from rlft.errors import ConfigError
 from rlft.rewards import verifiers as V
 
 SPLIT_SEEDS = {"train": 1, "test": 2}
+TRAIN_SEED_OFFSET = 10_000_000
+"""reasoning-gym generates item i of a dataset seeded s from the seed s + i, so two datasets whose seeds are closer
+than their sizes share items (seeds 97 and 194: training item i + 97 is held-out item i). The training split's
+seeds (and each curriculum level's) start this far past the held-out split's, so a training row repeats a held-out
+question only where the task's settings allow few distinct questions."""
 LEVEL = "level"  # env.curriculum: the training rows of level L are the split "levelL"
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def split_seed(env_seed: int, split: str) -> int:
+    """The reasoning-gym seed of a split's dataset (plus the task's index in a mixture): the held-out split's is
+    env.seed * 1000 + 194, the training split's TRAIN_SEED_OFFSET further."""
+    return env_seed * 1000 + SPLIT_SEEDS[split] * 97 + (TRAIN_SEED_OFFSET if split == "train" else 0)
 
 
 def task_weights(env_cfg) -> dict[str, float]:
@@ -96,7 +107,7 @@ class ReasoningGymEnv(Environment):
     def dataset(self, task: str, split: str, size: int):
         key = (task, split)
         if key not in self.datasets:
-            seed = int(self.cfg.env.seed) * 1000 + SPLIT_SEEDS[split] * 97 + sorted(self.weights).index(task)
+            seed = split_seed(int(self.cfg.env.seed), split) + sorted(self.weights).index(task)
             options = task_options(self.cfg.env, task, len(self.weights) > 1)
             self.datasets[key] = self.rg.create_dataset(task, size=max(size, 1), seed=seed, **options)
         return self.datasets[key]
@@ -182,7 +193,7 @@ class ReasoningGymEnv(Environment):
                                                                            attr.upper_field_name]
             options.update({k: generated[k] for k in keys})
         size = int(self.cfg.env.train_size)
-        seed = int(self.cfg.env.seed) * 1000 + SPLIT_SEEDS["train"] * 97 + 7_919 * (level + 1)
+        seed = split_seed(int(self.cfg.env.seed), "train") + 7_919 * (level + 1)
         data = self.rg.create_dataset(task, **{**options, "size": max(size, 1), "seed": seed})
         self.datasets[(task, split)] = data
         entries = self.entries.setdefault((task, split), [data[i] for i in range(size)])

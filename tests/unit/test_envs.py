@@ -120,6 +120,15 @@ def test_reasoning_gym_rows_are_seeded_disjoint_and_scored_by_the_task():
     assert env.demonstration(row) == [(f"#### {row['answer']}", True)]
 
 
+def test_reasoning_gym_training_split_shares_no_generated_item_with_the_held_out_split(capsys):
+    """reasoning-gym seeds item i of a dataset seeded s with s + i: with the splits' seeds 97 apart, 303 of 400
+    training rows of chain_sum repeated a held-out row and were dropped. Now only genuine repeats are."""
+    cfg = cfg_with(name="reasoning_gym", task="chain_sum", train_size=400, test_size=500,
+                   task_config={"min_terms": 3, "max_terms": 3, "min_digits": 2, "max_digits": 2})
+    train = envs.build(cfg).rows("train")
+    assert len(train) == 400 and "dropped" not in capsys.readouterr().out
+
+
 def test_reasoning_gym_says_when_its_task_settings_have_few_distinct_questions(capsys):
     """count_bits up to 7 has 7 questions: most training rows repeat a held-out one and are dropped."""
     cfg = cfg_with(name="reasoning_gym", task="count_bits", task_config={"min_n": 1, "max_n": 7}, train_size=40,
