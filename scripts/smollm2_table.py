@@ -22,8 +22,8 @@ Rows (each with the recipes experiment=smollm2_{sft,grpo,online_rft} unchanged):
 Algorithms: sft, grpo (experiment=smollm2_grpo), online_rft, grpo_before (the GRPO recipe as it was before
 its tuning: 60 rollouts of 8 prompts x 8 samples), grpo_pool (the recipe with the difficulty pool over 256
 training questions) and grpo_256 (the same 256 questions without the pool). Per seed: SFT (seed s) -> each
-RL algorithm from that SFT model (seed s); the base model is evaluated once. Every model is evaluated on the row's held-out problems
-(greedy, pass@4).
+RL algorithm from that SFT model (seed s); the base model is evaluated once. Every model is evaluated on the
+row's held-out problems (greedy, pass@4).
 
 Runs go to runs/<run>/<row>/<algo>_s<seed>/, evaluations to
 runs/<run>/eval/<row>-<name>/; finished ones are not redone. Writes runs/<run>/smollm2_table.{md,csv}

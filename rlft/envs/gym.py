@@ -33,8 +33,8 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def split_seed(env_seed: int, split: str) -> int:
-    """The reasoning-gym seed of a split's dataset (plus the task's index in a mixture): the held-out split's is
-    env.seed * 1000 + 194, the training split's TRAIN_SEED_OFFSET further."""
+    """The base of a split's reasoning-gym seeds: env.seed * 1000 + 194 for the held-out split, TRAIN_SEED_OFFSET
+    further for the training split. Callers add the task's index in a mixture, or a curriculum level's offset."""
     return env_seed * 1000 + SPLIT_SEEDS[split] * 97 + (TRAIN_SEED_OFFSET if split == "train" else 0)
 
 
