@@ -10,7 +10,9 @@ demonstrations; GRPO trains from it once per seed with `train.max_samples=<budge
 for every row); every model is evaluated on the environment's held-out rows (greedy accuracy,
 pass@8, maj@8 and, for tool environments, how the samples used the tool). From the greedy
 completions the table also counts arithmetic slips: calculation lines `a op b = c` (or calculator
-calls `<<a op b=c>>`) whose written result is not the value of the written expression.
+calls `<<a op b=c>>`) whose written result is not the value of the written expression, and, problem
+by problem, the held-out problems the GRPO runs fixed and broke against the SFT model (summed over
+seeds, with a one-sided sign test).
 
 Runs go to runs/<run>/envs/<row>/{sft,s<seed>}/, evaluations to runs/<run>/eval/<row>-{sft,s<seed>}/;
 finished ones are not redone. Writes runs/<run>/env_table.{md,csv}. Overrides after `--` go to every
@@ -24,6 +26,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rlft.eval.compare import paired_cell
 from rlft.experiments import cell, rlft_command
 from rlft.files.handoff import read_manifest
 
@@ -164,13 +167,15 @@ def figures(root: Path, row: str, name: str) -> dict:
 
 
 def write_table(root: Path, rows: list[str], seeds: list[int], variants: list[str] = ("",)) -> None:
-    head = "| env | model | greedy % | pass@8 % | maj@8 % | tool use % | arithmetic slips % of lines | gain over SFT |"
-    lines = [head, "|" + "---|" * 8]
+    head = ("| env | model | greedy % | pass@8 % | maj@8 % | tool use % | arithmetic slips % of lines | gain over SFT "
+            "| fixed / broken vs SFT |")
+    lines = [head, "|" + "---|" * 9]
     csv = ["env,model,greedy,pass@8,maj@8,tool_use,slips"]
+    evals = root / "eval"
     for row in rows:
         base = figures(root, row, "sft")
         lines.append(f"| {row} | SFT | {cell([base['greedy']])} | {cell([base['pass@8']])} | {cell([base['maj@8']])} | "
-                     f"{cell([base['tool_use']])} | {cell([base['slips']])} | |")
+                     f"{cell([base['tool_use']])} | {cell([base['slips']])} | | |")
         named = []
         for variant in variants:
             names = [f"s{s}" + (f"-{variant}" if variant else "") for s in seeds]
@@ -181,7 +186,8 @@ def write_table(root: Path, rows: list[str], seeds: list[int], variants: list[st
             lines.append(f"| {row} | {label} | {cell([r['greedy'] for r in runs])} | "
                          f"{cell([r['pass@8'] for r in runs])} | {cell([r['maj@8'] for r in runs])} | "
                          f"{cell([r['tool_use'] for r in runs])} | {cell([r['slips'] for r in runs])} | "
-                         f"{cell(gains)} |")
+                         f"{cell(gains)} | {paired_cell([(evals / f'{row}-sft', evals / f'{row}-{n}') for n in names])} "
+                         "|")
         for name, f in [("sft", base)] + named:
             csv.append(",".join([row, name] + ["" if f[k] is None else f"{f[k]:.4f}"
                                                for k in ("greedy", "pass@8", "maj@8", "tool_use", "slips")]))

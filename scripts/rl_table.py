@@ -17,7 +17,8 @@ many sequences (budget / 2 preference pairs). Every run is evaluated on the same
 
 Runs go to runs/<run>/table/<row>/s<seed>/, evaluations to runs/<run>/eval/<row>-s<seed>/. Finished
 trainings and evaluations are not redone, so an interrupted table resumes where it stopped. Writes
-runs/<run>/rl_table.{md,csv}: mean ± std over seeds, the gain over SFT, and the samples each run saw.
+runs/<run>/rl_table.{md,csv}: mean ± std over seeds, the gain over SFT, the samples each run saw, and the
+held-out problems the row's runs fixed / broke against the SFT model (summed over seeds, one-sided sign test).
 
 Overrides after `--` go to every rlft command; --rl-arg to the row trainings, --parent-arg to the
 SFT/RM/PRM trainings (`rm,prm:key=value` for some of them). --jobs N runs N trainings at once (the RM beside
@@ -160,9 +161,12 @@ def samples_seen(root: Path, names: list[str], seeds: list[int]) -> dict[str, fl
 
 
 def write_results(root: Path, names: list[str], seeds: list[int]) -> str:
-    from rlft.eval.compare import load_records, seed_table, write_table
+    from rlft.eval.compare import load_records, paired_cell, seed_table, write_table
 
-    lines = seed_table(load_records(root / "eval"), samples_seen(root, names, seeds), names, seeds, "sft")
+    paired = {row: paired_cell([(root / "eval" / "sft", root / "eval" / f"{row}-s{s}") for s in seeds])
+              for row in names}
+    lines = seed_table(load_records(root / "eval"), samples_seen(root, names, seeds), names, seeds, "sft",
+                       paired=paired)
     return write_table(root / "rl_table", *lines)
 
 

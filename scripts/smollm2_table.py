@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rlft.eval.compare import paired_cell
 from rlft.experiments import cell, rlft_command
 
 RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft", "grpo_before": "smollm2_grpo",
@@ -171,39 +171,9 @@ def accuracy(root: Path, row: str, name: str) -> dict | None:
     return {"greedy": m["greedy_accuracy"], "pass@4": m["pass@4"]}
 
 
-def greedy_right(root: Path, row: str, name: str) -> list[tuple[str, bool]] | None:
-    """(prompt, whether the greedy answer was right) per problem of one evaluation, in its order; None
-    without its samples."""
-    path = root / "eval" / f"{row}-{name}" / "samples.jsonl"
-    if not path.is_file():
-        return None
-    return [(r["prompt"], bool(r["greedy"]["correct"])) for r in map(json.loads, path.read_text().splitlines())]
-
-
-def fixed_broken(before: list[tuple[str, bool]], after: list[tuple[str, bool]]) -> tuple[int, int]:
-    """Problems right after and wrong before (fixed), and wrong after and right before (broken); both
-    evaluations pose the same problems in the same order (a repeated problem counts each time)."""
-    if [p for p, _ in before] != [p for p, _ in after]:
-        raise ValueError("the two evaluations did not pose the same problems in the same order")
-    return (sum(a and not b for (_, b), (_, a) in zip(before, after)),
-            sum(b and not a for (_, b), (_, a) in zip(before, after)))
-
-
-def sign_test_p(fixed: int, broken: int) -> float:
-    """One-sided sign test on the changed problems: P(at least `fixed` of them fixed | no effect)."""
-    n = fixed + broken
-    return sum(math.comb(n, k) for k in range(fixed, n + 1)) / 2 ** n if n else 1.0
-
-
-def paired_cell(root: Path, row: str, algo: str, seeds: list[int]) -> str:
-    """Fixed / broken problems against each seed's own SFT model, summed over seeds, with the sign test."""
-    fixed = broken = 0
-    for seed in seeds:
-        before, after = greedy_right(root, row, f"sft_s{seed}"), greedy_right(root, row, f"{algo}_s{seed}")
-        if before is not None and after is not None:
-            f, b = fixed_broken(before, after)
-            fixed, broken = fixed + f, broken + b
-    return f"{fixed} / {broken} (p = {sign_test_p(fixed, broken):.2f})" if fixed + broken else ""
+def seed_pairs(root: Path, row: str, algo: str, seeds: list[int]) -> list[tuple[Path, Path]]:
+    """(each seed's SFT evaluation, its `algo` evaluation) for the paired counts."""
+    return [(root / "eval" / f"{row}-sft_s{s}", root / "eval" / f"{row}-{algo}_s{s}") for s in seeds]
 
 
 def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str], times: dict) -> None:
@@ -226,7 +196,7 @@ def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str],
             wall = f"{statistics.mean(minutes):.0f}" if minutes else ""
             lines.append(f"| {row} | {algo} | {len(got)} | {cell(greedy)} | {cell([a['pass@4'] for _, _, a in got])} | "
                          f"{cell(over_base) if over_base else ''} | {cell(over_sft) if over_sft else ''} | "
-                         f"{paired_cell(root, row, algo, seeds) if over_sft else ''} | {wall} |")
+                         f"{paired_cell(seed_pairs(root, row, algo, seeds)) if over_sft else ''} | {wall} |")
             for seed, name, a in got:
                 csv.append(f"{row},{algo},{seed},{a['greedy']:.4f},{a['pass@4']:.4f},{times.get(f'{row}/{name}', '')}")
     (root / "smollm2_table.md").write_text("\n".join(lines) + "\n")

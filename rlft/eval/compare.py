@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -87,15 +88,18 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def seed_table(records: dict[str, dict], samples_seen: dict[str, float], rows: list[str], seeds: list[int],
-               baseline: str, gain_goal: float = 0.05) -> tuple[list[str], list[list[str]]]:
+               baseline: str, gain_goal: float = 0.05,
+               paired: dict[str, str] | None = None) -> tuple[list[str], list[list[str]]]:
     """One line per row name: mean ± std over seeds of the eval metrics of `<row>-s<seed>` records, the
     greedy-accuracy gain over the baseline's record (`baseline`, evaluated once), whether the mean gain
-    reaches gain_goal, and the training samples each seed's run saw (`samples_seen[<row>-s<seed>]`)."""
+    reaches gain_goal, the training samples each seed's run saw (`samples_seen[<row>-s<seed>]`) and, given
+    `paired` ({row: paired_cell(...)}), the problems fixed / broken against the baseline."""
     base = records[baseline]["metrics"]
     ks = [int(k.split("@")[1]) for k in base if k.startswith("pass@")]
     cols = [c.replace("@K", f"@{max(ks)}") for c in SEED_COLUMNS] if ks else SEED_COLUMNS
     header = ["model", "seeds", *cols, "gain (greedy)", f"≥ +{gain_goal * 100:g} pts", "samples seen"]
-    lines = [[baseline, "–", *(f"{base[c]:.3f}" for c in cols), "", "", ""]]
+    header += [f"fixed / broken vs {baseline}"] if paired is not None else []
+    lines = [[baseline, "–", *(f"{base[c]:.3f}" for c in cols), "", "", ""] + ([""] if paired is not None else [])]
     for row in rows:
         tags = [f"{row}-s{s}" for s in seeds if f"{row}-s{s}" in records]
         if not tags:
@@ -107,5 +111,43 @@ def seed_table(records: dict[str, dict], samples_seen: dict[str, float], rows: l
         gain, gain_std = mean_std([records[t]["metrics"]["greedy_accuracy"] - base["greedy_accuracy"] for t in tags])
         seen = sorted({int(samples_seen[t]) for t in tags if t in samples_seen})
         lines.append([row, str(len(tags)), *cells, f"{round(gain * 100, 1) + 0.0:+.1f} ± {gain_std * 100:.1f} pts",
-                      "yes" if gain >= gain_goal else "no", "/".join(f"{s:,}" for s in seen)])
+                      "yes" if gain >= gain_goal else "no", "/".join(f"{s:,}" for s in seen)]
+                     + ([paired.get(row, "")] if paired is not None else []))
     return header, lines
+
+
+# ----------------------------------------------------------------------------- problem by problem
+def greedy_right(eval_dir: Path) -> list[tuple[str, bool]] | None:
+    """(prompt, whether the greedy answer was right) per problem of one evaluation (its samples.jsonl), in
+    its order; None when the evaluation kept no samples."""
+    path = Path(eval_dir) / "samples.jsonl"
+    if not path.is_file():
+        return None
+    return [(r["prompt"], bool(r["greedy"]["correct"])) for r in map(json.loads, path.read_text().splitlines())]
+
+
+def fixed_broken(before: list[tuple[str, bool]], after: list[tuple[str, bool]]) -> tuple[int, int]:
+    """Problems right after and wrong before (fixed), and wrong after and right before (broken); both
+    evaluations pose the same problems in the same order (a repeated problem counts each time)."""
+    if [p for p, _ in before] != [p for p, _ in after]:
+        raise ValueError("the two evaluations did not pose the same problems in the same order")
+    return (sum(a and not b for (_, b), (_, a) in zip(before, after)),
+            sum(b and not a for (_, b), (_, a) in zip(before, after)))
+
+
+def sign_test_p(fixed: int, broken: int) -> float:
+    """One-sided sign test on the changed problems: P(at least `fixed` of them fixed | no effect)."""
+    n = fixed + broken
+    return sum(math.comb(n, k) for k in range(fixed, n + 1)) / 2 ** n if n else 1.0
+
+
+def paired_cell(pairs: list[tuple[Path, Path]]) -> str:
+    """`fixed / broken (p = …)` summed over (before, after) evaluation folders, e.g. each seed's starting
+    model and its RL model; pairs missing samples are skipped, "" when none is left."""
+    fixed = broken = counted = 0
+    for before_dir, after_dir in pairs:
+        before, after = greedy_right(before_dir), greedy_right(after_dir)
+        if before is not None and after is not None:
+            f, b = fixed_broken(before, after)
+            fixed, broken, counted = fixed + f, broken + b, counted + 1
+    return f"{fixed} / {broken} (p = {sign_test_p(fixed, broken):.2g})" if counted else ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -43,6 +44,13 @@ def test_every_row_sees_the_same_number_of_samples(tmp_path):
     rft = json.loads((root / "table" / "rft" / "s0" / "manifest.json").read_text())["summary"]
     assert rft["rft_sampled"] == BUDGET  # offline RFT samples the budget once from the SFT model
     assert "± 0.000" in (root / "rl_table.md").read_text()
+    # problem by problem against the SFT model: fixed - broken is the change in greedy accuracy
+    sft = json.loads((root / "eval" / "sft" / "eval.json").read_text())["metrics"]["greedy_accuracy"]
+    problems = len((root / "eval" / "sft" / "samples.jsonl").read_text().splitlines())
+    for line in lines[1:]:
+        fixed, broken = map(int, re.match(r"(\d+) / (\d+) \(p = ", line["fixed / broken vs sft"]).groups())
+        acc = json.loads((root / "eval" / f"{line['model']}-s0" / "eval.json").read_text())["metrics"]
+        assert fixed - broken == round((acc["greedy_accuracy"] - sft) * problems)
 
     again = run(tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]

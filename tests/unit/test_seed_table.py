@@ -1,7 +1,9 @@
 """The equal-budget table's aggregation over seeds (rlft.eval.compare.seed_table)."""
+import json
+
 import pytest
 
-from rlft.eval.compare import mean_std, seed_table
+from rlft.eval.compare import fixed_broken, mean_std, paired_cell, seed_table, sign_test_p
 
 
 def record(acc: float, reward: float = 0.2) -> dict:
@@ -34,3 +36,29 @@ def test_unequal_budgets_show_in_the_samples_column():
     records = {"sft": record(0.2), "grpo-s0": record(0.3), "grpo-s1": record(0.3)}
     _, lines = seed_table(records, {"grpo-s0": 6144, "grpo-s1": 6400}, ["grpo"], [0, 1], "sft")
     assert lines[1][-1] == "6,144/6,400"
+
+
+def test_fixed_broken_needs_the_same_problems_and_the_sign_test_is_one_sided():
+    before = [("a", True), ("b", False), ("a", True)]
+    assert fixed_broken(before, [("a", False), ("b", True), ("a", False)]) == (1, 2)
+    with pytest.raises(ValueError, match="same problems"):
+        fixed_broken(before, [("b", True), ("a", True), ("a", True)])
+    assert sign_test_p(3, 0) == 0.125 and sign_test_p(1, 1) == 0.75 and sign_test_p(0, 0) == 1.0
+
+
+def write_samples(folder, right: list[bool]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "samples.jsonl").write_text("".join(
+        json.dumps({"prompt": f"q{i}", "greedy": {"correct": r}}) + "\n" for i, r in enumerate(right)))
+
+
+def test_paired_counts_sum_each_seed_against_its_own_start_and_join_the_table(tmp_path):
+    for name, right in {"sft": [0, 0, 1, 1], "grpo-s0": [1, 1, 1, 0], "grpo-s1": [0, 1, 0, 1]}.items():
+        write_samples(tmp_path / name, [bool(r) for r in right])
+    pairs = [(tmp_path / "sft", tmp_path / f"grpo-s{s}") for s in (0, 1, 2)]  # seed 2 was not evaluated
+    assert paired_cell(pairs) == "3 / 2 (p = 0.5)"  # seed 0: 2 fixed, 1 broken; seed 1: 1 fixed, 1 broken
+    assert paired_cell([(tmp_path / "sft", tmp_path / "missing")]) == ""
+    records = {"sft": record(0.5), "grpo-s0": record(0.75), "grpo-s1": record(0.5)}
+    header, lines = seed_table(records, {}, ["grpo"], [0, 1], "sft", paired={"grpo": paired_cell(pairs)})
+    assert header[-1] == "fixed / broken vs sft" and lines[1][-1] == "3 / 2 (p = 0.5)" and lines[0][-1] == ""
+    assert len(seed_table(records, {}, ["grpo"], [0, 1], "sft")[0]) == len(header) - 1
