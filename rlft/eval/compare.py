@@ -1,4 +1,6 @@
-"""One table of every model evaluated in a run: runs/<name>/eval/comparison.{md,csv}.
+"""One table of every model evaluated in a run: runs/<name>/eval/comparison.{md,csv}; and what the experiment
+scripts' tables share: the mean ± std over seeds (seed_table) and the problem-by-problem counts of held-out
+problems fixed and broken against a starting model, with a one-sided sign test (paired_cell).
 
     python -m rlft.eval.compare runs/demo [sft grpo ppo ...]    # optional row order
 """
