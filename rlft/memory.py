@@ -27,8 +27,10 @@ and, per phase, what exists only for a while:
                  11 hidden + 4 intermediate values per token; with it: one hidden vector per layer and
                  token, plus one layer's tensors while it is recomputed) and the LM head's logits: one
                  chunk of train.logit_chunk_tokens loss tokens at a time (rlft/rollout/lm_head.py: the
-                 chunk's logits, their fp32 copy, the softmax temporaries and, in the backward's
-                 recompute, their gradients: (2 x weight bytes + 16) x chunk x vocab); with
+                 chunk's logits, their fp32 copy, the softmax temporaries and their gradients: (2 x
+                 weight bytes + 16) x chunk x vocab; a per-token loss differentiated in the forward
+                 also holds the head's weight gradient and the loss tokens' hidden-state gradients
+                 until the backward, where the head is trainable and not under ZeRO-3); with
                  logit_chunk_tokens=0 the micro-batch's fp32 logits and their gradient, and two
                  temporaries of one log-softmax chunk (4 x tokens x vocab x 4 bytes up to
                  rlft.rollout.logprobs.CHUNK_BYTES)
@@ -195,6 +197,8 @@ def estimate(shape: Shape, s: Setup, cpu: bool = False, rank0: bool = True) -> E
             chunk = default_chunk_tokens(shape.vocab)
         if chunk:
             head = min(s.loss_tokens, chunk) * shape.vocab * (2 * wb + 16)
+            if not lora and z < 3:  # head_loss: the head's gradient, computed in the forward, held for the backward
+                head += shape.vocab * shape.hidden * wb + s.loss_tokens * shape.hidden * wb
         else:
             logits = s.loss_tokens * shape.vocab * 4
             head = 2 * logits + 2 * min(logits, CHUNK_BYTES)

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Peak memory and step time of the LM head's three ways: the model's own logits (`train.logit_chunk_tokens=0`,
-rlft before the chunked head), rlft's chunked head (rlft/rollout/lm_head.py) and TRL's fused LM head
-(`trl.trainer.utils.add_fused_lm_head`, what TRL 1.16's GRPOTrainer and SFTTrainer train through), on one
-micro-batch of the GRPO update and of an SFT step, with and without activation checkpointing.
+"""Peak memory and step time of the LM head's four ways: the model's own logits (`today`:
+`train.logit_chunk_tokens=0`, rlft before the chunked head), rlft's chunked head with each chunk recomputed in
+the backward (`chunked`: what DPO's and every log-prob-only pass's gradients take), rlft's chunked head with the
+per-token loss differentiated in the forward (`fused`: lm_head.head_loss, what the RL update's per-token losses
+and SFT train through) and TRL's fused LM head (`trl`: `trl.trainer.utils.add_fused_lm_head`, what TRL 1.16's
+GRPOTrainer and SFTTrainer train through), on one micro-batch of the GRPO update and of an SFT step, with and
+without activation checkpointing.
 
     python scripts/bench_logits.py                                    # SmolLM2's shape, 8 sequences
     python scripts/bench_logits.py --shapes qwen2-0.5b,smollm2-135m --micro 8,32 --rounds 2 --out bench_logits.jsonl
     python scripts/bench_logits.py --paths chunked --micro 64,128 --steps 1   # how large a micro-batch fits
-    python scripts/bench_logits.py --shapes qwen2-0.5b --paths today,chunked,chunked@256   # chunks of 256 tokens
+    python scripts/bench_logits.py --shapes qwen2-0.5b --paths today,chunked,chunked@1024,fused@1024   # chunk sizes
 
 Each measurement is its own process (a clean peak resident set), building the shape with random weights
 in fp32 (nothing downloaded), a micro-batch of --micro sequences of --prompt-tokens + --response-tokens
@@ -36,7 +39,7 @@ import time
 
 from bench import SHAPES, build_model  # scripts/bench.py
 
-PATHS = ("today", "chunked", "trl")
+PATHS = ("today", "chunked", "fused", "trl")
 
 
 def rss_gib() -> float:
@@ -68,11 +71,18 @@ def batch(vocab: int, micro: int, prompt: int, response: int):
     return ids, attn, mask, adv, ref
 
 
+def chunk_setting(path: str) -> None:
+    """The chunk size a path runs with: `today` the model's own logits (0), `<path>@N` chunks of N tokens, else the
+    default for the vocabulary."""
+    from rlft.rollout import lm_head
+
+    lm_head.DEFAULT_CHUNK_TOKENS = 0 if path == "today" else int(path.split("@")[1]) if "@" in path else None
+
+
 def logp_of(model, path: str, ids, attn, mask, extra: str):
     """Per-token log-probs [B, L-1] (0 outside the mask) and one logged extra, through the path."""
     import torch
 
-    from rlft.rollout import lm_head
     from rlft.rollout.logprobs import response_start, token_logp
 
     if path == "trl":
@@ -81,27 +91,43 @@ def logp_of(model, path: str, ids, attn, mask, extra: str):
         out = model(input_ids=ids, attention_mask=attn, labels=labels, fused_lm_head=True)
         value = out.entropy if extra == "entropy" else out.is_top1.float()
         return out.log_probs, value.detach()
-    if path == "today":
-        lm_head.DEFAULT_CHUNK_TOKENS = 0
-    elif "@" in path:  # chunked@N: chunks of N tokens instead of the default
-        lm_head.DEFAULT_CHUNK_TOKENS = int(path.split("@")[1])
+    chunk_setting(path)
     logp, more = token_logp(model, ids, attn, 1.0, response_start(mask), mask=mask, extras=(extra,))
     return logp, more[extra]
 
 
-def step(model, opt, path: str, stage: str, data) -> None:
+def token_terms(stage: str):
+    """The stage's loss as per-token terms (lm_head.TokenLoss.fn): GRPO the clipped policy loss with the
+    advantages plus 0.04 x k3 to the reference log-probs; SFT the negative log-likelihood; each over the
+    micro-batch's response tokens."""
     import torch
 
-    ids, attn, mask, adv, ref = data
-    logp, _ = logp_of(model, path, ids, attn, mask, "entropy" if stage == "grpo" else "top1")
-    tokens = mask.sum()
-    if stage == "grpo":
+    def grpo(logp, t, _divergence=None):
         ratio = torch.exp(logp - logp.detach())
-        policy = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
-        kl = torch.exp(ref - logp) - (ref - logp) - 1  # k3
-        loss = ((policy + 0.04 * kl) * mask).sum() / tokens
+        policy = -torch.min(ratio * t["adv"], ratio.clamp(0.8, 1.2) * t["adv"])
+        kl = torch.exp(t["ref"] - logp) - (t["ref"] - logp) - 1  # k3
+        return (policy + 0.04 * kl) * t["weight"]
+
+    def sft(logp, t, _divergence=None):
+        return -logp * t["weight"]
+    return grpo if stage == "grpo" else sft
+
+
+def step(model, opt, path: str, stage: str, data) -> None:
+    from rlft.rollout.lm_head import TokenLoss
+    from rlft.rollout.logprobs import response_start, token_logp
+
+    ids, attn, mask, adv, ref = data
+    fn, extra = token_terms(stage), "entropy" if stage == "grpo" else "top1"
+    inputs = {"adv": adv, "ref": ref, "weight": mask / mask.sum()}
+    if path.startswith("fused"):
+        chunk_setting(path)
+        _, _, loss = token_logp(model, ids, attn, 1.0, response_start(mask), mask=mask, extras=(extra,),
+                                loss=TokenLoss(fn, inputs))
     else:
-        loss = -(logp * mask).sum() / tokens
+        logp, _ = logp_of(model, path, ids, attn, mask, extra)
+        where = mask.bool()
+        loss = fn(logp[where], {name: x[where] for name, x in inputs.items()}).sum()
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -12,7 +12,10 @@ AGGREGATIONS entry. old_logp=None means on-policy (mu = 1): the ratio is
 exp(logp - sg(logp)), identically 1 with gradient rho * grad(logp) (§4).
 Metrics are detached scalars. Each entry declares the `algo.*` options it reads (`options=`, the
 fields of PolicyLossConfig): a new loss with a new option adds the field there and in the `algo`
-schema (rlft/config/algorithms.py, `read_when("loss_option")`), nothing else.
+schema (rlft/config/algorithms.py, `read_when("loss_option")`), nothing else. `per_token=True` declares
+that each token's loss depends on that token's own inputs only (not gspo's sequence ratio): the update
+then hands the loss to the LM head, which differentiates it chunk by chunk in the forward
+(rlft/rollout/lm_head.py, head_loss).
 
     ppo_clip    -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A), optional dual clip
     gspo        the same with one length-normalised ratio per sequence (GSPO)
@@ -64,7 +67,7 @@ def _ratio_metrics(ratio: Tensor, log_ratio: Tensor, mask: Tensor) -> dict[str, 
     }
 
 
-@POLICY_LOSSES.register("ppo_clip", options=("clip_eps_low", "clip_eps_high", "dual_clip_c"))
+@POLICY_LOSSES.register("ppo_clip", options=("clip_eps_low", "clip_eps_high", "dual_clip_c"), per_token=True)
 def ppo_clip(
     logp: Tensor, old_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -100,7 +103,7 @@ def ppo_clip(
     return zero_masked(loss, mask), metrics
 
 
-@POLICY_LOSSES.register("reinforce", options=())
+@POLICY_LOSSES.register("reinforce", options=(), per_token=True)
 def reinforce(
     logp: Tensor, old_logp: Tensor | None, adv: Tensor, mask: Tensor, cfg: PolicyLossConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:

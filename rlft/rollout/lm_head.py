@@ -8,8 +8,12 @@ at the final hidden states instead: the model's own forward runs with its LM hea
 hidden state after the final norm. The head (`get_output_embeddings()`, called as a module, so LoRA and ZeRO-3
 see it as they do in the model's forward), the model's final logit processing, the temperature, the
 log-softmax, the target gather and the entropy then run over `chunk_tokens` tokens at a time, and only at
-the tokens whose log-prob is wanted. Under autograd each chunk is recomputed in the backward
-(torch.utils.checkpoint), so at most one chunk's logits exist at any time, in the forward and the backward.
+the tokens whose log-prob is wanted. A training loss that is a sum of per-token terms (`TokenLoss`: the RL
+update's per-token policy losses, SFT's likelihood) is differentiated chunk by chunk in the forward
+(`head_loss`): each chunk's gradients reach its hidden states and the head's weights at once and the backward
+hands them on, so the head runs once per token, as with the model's own logits. Log-probs alone (DPO, gspo's
+sequence ratio) are recomputed a chunk at a time in the backward (torch.utils.checkpoint). Either way at most
+one chunk's logits exist at any time, in the forward and the backward.
 The checkpoint is the non-reentrant kind: every chunk's backward is part of the one backward pass, so a weight
 used by several chunks (and a tied embedding) gets its gradient accumulated once, as DeepSpeed's ZeRO 1-3
 reduction expects (the reentrant kind runs a backward per chunk: "gradient computed twice"). Under ZeRO-3 a
@@ -150,13 +154,32 @@ def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
     EXTRAS) add [N] fp32 tensors without grad; then the result is (log-probs, {name: tensor}). With a teacher
     `term` and the teacher's final hidden states at the same tokens ([N, H_teacher], no grad), the teacher's head
     runs on the same chunks and {"divergence": [N]} (with grad) joins the extras."""
+    head, piece, _ = chunk_function(model, temperature, extras, top_k, top_p, term)
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(
+        p.requires_grad for p in getattr(head, "parameters", tuple)()))
+    chunks = chunks_of(hidden, targets, teacher_hidden, max(1, chunk_tokens or chunk_tokens_of(model)))
+    parts = [checkpoint(piece, *c, use_reentrant=False, preserve_rng_state=False) if recompute else piece(*c)
+             for c in chunks]
+    logp = torch.cat([p[0] for p in parts])
+    if not extras and term is None:
+        return logp
+    more = {name: torch.cat([p[1 + i] for p in parts]).detach() for i, name in enumerate(extras)}
+    if term is not None:
+        more["divergence"] = torch.cat([p[-1] for p in parts])
+    return logp, more
+
+
+def chunk_function(model, temperature: float, extras: tuple[str, ...], top_k: int, top_p: float,
+                   term: TeacherTerm | None) -> tuple[object, Callable, Callable]:
+    """(the model's head, piece, tail) where piece(hidden [n, H], targets [n] [, teacher hidden [n, H_t]]) ->
+    (log-probs [n], *extras [n] without grad[, divergence [n]]) of one chunk of tokens (its logits exist only
+    inside), and tail(the head's output [n, V], targets[, teacher hidden]) the same from the head's output on.
+    The head runs in the model's head context (a LoRA reference's: the adapter off)."""
     head, process, context = head_parts(model)
-    step = max(1, chunk_tokens or chunk_tokens_of(model))
     divergence = teacher_divergence(term, temperature) if term is not None else None
 
-    def piece(h: torch.Tensor, t: torch.Tensor, th: torch.Tensor | None = None):
-        with context():
-            logits = process(head(h)).float()
+    def tail(raw: torch.Tensor, t: torch.Tensor, th: torch.Tensor | None = None):
+        logits = process(raw).float()
         if temperature != 1.0:
             logits = logits / temperature
         full = logits
@@ -168,20 +191,123 @@ def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
                     for name in extras]
         return (logp, *more) if th is None else (logp, *more, divergence(full, th))
 
-    recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(
-        p.requires_grad for p in getattr(head, "parameters", tuple)()))
-    chunks = list(zip(hidden.split(step), targets.split(step)))
-    if term is not None:
-        chunks = [(h, t, th) for (h, t), th in zip(chunks, teacher_hidden.split(step))]
-    parts = [checkpoint(piece, *c, use_reentrant=False, preserve_rng_state=False) if recompute else piece(*c)
-             for c in chunks]
-    logp = torch.cat([p[0] for p in parts])
-    if not extras and term is None:
-        return logp
-    more = {name: torch.cat([p[1 + i] for p in parts]).detach() for i, name in enumerate(extras)}
-    if term is not None:
-        more["divergence"] = torch.cat([p[-1] for p in parts])
-    return logp, more
+    def piece(h: torch.Tensor, t: torch.Tensor, th: torch.Tensor | None = None):
+        with context():
+            raw = head(h)
+        return tail(raw, t, th)
+    piece.context = context
+    return head, piece, tail
+
+
+def chunks_of(hidden: torch.Tensor, targets: torch.Tensor, teacher_hidden: torch.Tensor | None, step: int) -> list:
+    """(hidden, targets[, teacher hidden]) of each chunk of `step` tokens."""
+    parts = [hidden.split(step), targets.split(step)] + ([teacher_hidden.split(step)] if teacher_hidden is not None
+                                                          else [])
+    return list(zip(*parts))
+
+
+@dataclass(frozen=True)
+class TokenLoss:
+    """A training loss that is a sum over tokens of terms each computed from that token's own log-prob:
+    fn(log-probs [n], {name: [n]} this chunk's `inputs`, the teacher divergence [n] or None) -> each token's term
+    [n], its weight in the loss included. `inputs` are [B, L-1] target-aligned tensors (a token_logp or
+    packed_logp caller's), taken at the same tokens as the log-probs. Such a loss's gradient is known chunk by
+    chunk in the forward (`head_loss`)."""
+    fn: Callable
+    inputs: dict
+
+
+FUSED = True
+"""A `TokenLoss` through the chunked head computes the head's gradients in the forward (`head_loss`); False:
+the chunks are recomputed in the backward as for log-probs alone (what the benchmark compares)."""
+
+
+def head_loss(model, hidden: torch.Tensor, targets: torch.Tensor, fn: Callable, inputs: dict,
+              temperature: float = 1.0, extras: tuple[str, ...] = (), chunk_tokens: int | None = None,
+              top_k: int = 0, top_p: float = 1.0, term: TeacherTerm | None = None,
+              teacher_hidden: torch.Tensor | None = None):
+    """(the loss sum over tokens of fn (TokenLoss.fn) with grad, log-probs [N] and {extra: [N]} without grad) of
+    hidden states [N, H], targets [N] and the loss's per-token `inputs` {name: [N]}, as `head_logp`.
+
+    Each chunk's logits, log-probs and loss terms are differentiated at once, in the forward: the gradient of
+    the chunk's terms reaches its hidden states and the head's weights there (the head run once, its weights'
+    and inputs' gradients two products of the chunk's logit gradient, the same arithmetic as the model's own
+    logits), and the backward only hands these on. The checkpointed path instead runs the head twice, once
+    more in the backward: on a 150k-token vocabulary the head is a quarter of a 0.5B model's weights. Not
+    under ZeRO-3 with a trainable head (its weights are partitioned outside their module's forward and
+    backward) and not with FUSED off: there the log-probs take `head_logp`'s path and fn follows them."""
+    head, piece, tail = chunk_function(model, temperature, extras, top_k, top_p, term)
+    params = [p for p in getattr(head, "parameters", tuple)() if p.requires_grad]
+    if not (FUSED and torch.is_grad_enabled() and (hidden.requires_grad or params)) or \
+            any(hasattr(p, "ds_id") for p in params):
+        out = head_logp(model, hidden, targets, temperature, extras, chunk_tokens, top_k, top_p, term, teacher_hidden)
+        logp, more = out if (extras or term is not None) else (out, {})
+        loss = fn(logp, inputs, more.get("divergence")).sum()
+        return loss, logp.detach(), {name: tensor.detach() for name, tensor in more.items()}
+    linear = type(head) is torch.nn.Linear  # its two gradient products by hand, accumulated in place
+    step = max(1, chunk_tokens or chunk_tokens_of(model))
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    grad_hidden, grad_params, logps, mores = [], [None] * len(params), [], []
+    begin = 0
+    for chunk in chunks_of(hidden.detach(), targets, teacher_hidden, step):
+        h, n = chunk[0], len(chunk[1])
+        with torch.enable_grad():
+            if linear:  # differentiate from the head's output on
+                with torch.no_grad(), piece.context():
+                    leaf = head(h)
+                out = tail(leaf.requires_grad_(), *chunk[1:])
+            else:  # any other head (a LoRA layer, a frozen ZeRO-3 copy): through its module
+                leaf = h.detach().requires_grad_(hidden.requires_grad)
+                out = piece(leaf, *chunk[1:])
+            here = {name: value[begin:begin + n] for name, value in inputs.items()}
+            terms = fn(out[0], here, out[-1] if term is not None else None).sum()
+            wrt = [leaf] if leaf.requires_grad else []
+            grads = torch.autograd.grad(terms, wrt + ([] if linear else params)) if wrt or params else ()
+        if linear:
+            with torch.no_grad():  # the products must not join the caller's graph (head.weight requires grad)
+                linear_grads(head, h, grads[0], hidden.requires_grad, grad_hidden, params, grad_params)
+        else:
+            if leaf.requires_grad:
+                grad_hidden.append(grads[0])
+            for k, g in enumerate(grads[len(grads) - len(params):]):
+                grad_params[k] = g if grad_params[k] is None else grad_params[k].add_(g)
+        total = total + terms.detach()
+        logps.append(out[0].detach())
+        mores.append([value.detach() for value in out[1:]])
+        begin += n
+    gradients = [torch.cat(grad_hidden) if grad_hidden else None] + grad_params
+    value = HandOn.apply(total, gradients, hidden, *params)
+    names = list(extras) + (["divergence"] if term is not None else [])
+    return value, torch.cat(logps), {name: torch.cat([m[i] for m in mores]) for i, name in enumerate(names)}
+
+
+def linear_grads(head: torch.nn.Linear, h: torch.Tensor, grad_out: torch.Tensor, wants_hidden: bool,
+                 grad_hidden: list, params: list, grad_params: list) -> None:
+    """A linear head's gradients from its output's gradient [n, V] for a chunk of hidden states h [n, H]: the
+    hidden states' appended to `grad_hidden`, the weight's and the bias's added in place to `grad_params` (in
+    the order of `params`, the head's trainable ones)."""
+    if wants_hidden:
+        grad_hidden.append(grad_out @ head.weight)
+    for k, p in enumerate(params):
+        if p is head.weight:
+            grad_params[k] = grad_out.T @ h if grad_params[k] is None else grad_params[k].addmm_(grad_out.T, h)
+        else:  # the bias
+            grad_params[k] = grad_out.sum(0) if grad_params[k] is None else grad_params[k].add_(grad_out.sum(0))
+
+
+class HandOn(torch.autograd.Function):
+    """A scalar whose backward hands its inputs the gradients computed in the forward (`head_loss`), scaled by
+    the scalar's own gradient."""
+
+    @staticmethod
+    def forward(ctx, value, gradients, *inputs):
+        ctx.gradients = gradients
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, upstream):
+        gradients, ctx.gradients = ctx.gradients, None
+        return (None, None, *(None if g is None else g * upstream.to(g.dtype) for g in gradients))
 
 
 def head_parts(model) -> tuple[Callable, Callable, Callable]:

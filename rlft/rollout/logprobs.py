@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from rlft.errors import ConfigError
-from rlft.rollout.lm_head import TeacherTerm, chunk_tokens_of, entropy_of, head_logp, hidden_forward, truncate
+from rlft.rollout.lm_head import (TeacherTerm, TokenLoss, chunk_tokens_of, entropy_of, head_logp, head_loss,
+                                  hidden_forward, truncate)
 
 CHUNK_BYTES = 2**29  # fp32 logits upcast at a time by selective_logp and the entropy (512 MiB)
 
@@ -134,7 +135,8 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
 
 def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
                start: int = 0, prompt_lens: list[int] | None = None, mask: torch.Tensor | None = None,
-               extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0, term: TeacherTerm | None = None):
+               extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0, term: TeacherTerm | None = None,
+               loss: TokenLoss | None = None):
     """Log-probs [B, L-1] of input_ids[:, 1:] under `model` (grad flows if enabled); columns before `start`
     (prompt only) and, with a target-aligned `mask` [B, L-1], the columns outside it are left at 0 without
     computing their logits. With `prompt_lens`, each distinct prompt runs once (`shared_prompt_states`).
@@ -145,10 +147,15 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
     The LM head runs a chunk of tokens at a time (lm_head.head_logp; train.logit_chunk_tokens=0: the model's
     own logits, all at once). `temperature` divides the logits and `top_k`/`top_p` truncate them as sampling
     did (lm_head.truncate), so old/ref/current log-probs all refer to the distribution the tokens were drawn
-    from."""
+    from.
+
+    With a `loss` (a sum of per-token terms, lm_head.TokenLoss; its inputs [B, L-1]) the result is (log-probs
+    without grad, extras, the loss with grad), the loss's head gradients computed chunk by chunk in the forward
+    (lm_head.head_loss)."""
     B, L = input_ids.shape
     targets = input_ids[:, start + 1:]
     wants = bool(extras) or term is not None
+    where = (mask[:, start:] if mask is not None else torch.ones_like(targets)).bool().nonzero(as_tuple=True)
     if chunk_tokens_of(model) == 0:
         if term is not None:
             raise ConfigError("a full-distribution distillation divergence needs train.logit_chunk_tokens > 0")
@@ -160,6 +167,8 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
         if mask is not None:
             keep = mask[:, start:].to(logp.dtype)
             logp, more = logp * keep, {name: value * keep for name, value in more.items()}
+        if loss is not None:
+            value = loss.fn(logp[where], {name: x[:, start:][where] for name, x in loss.inputs.items()}, None).sum()
     else:
         def states(of):
             if prompt_lens is None:
@@ -167,19 +176,26 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
             return shared_prompt_states(lambda **inputs: hidden_forward(of, **inputs), input_ids, attention_mask,
                                         prompt_lens, start)
         hidden = states(model)
-        where = (mask[:, start:] if mask is not None else torch.ones_like(targets)).bool().nonzero(as_tuple=True)
         teacher_hidden = None
         if term is not None:
             with torch.no_grad():
                 teacher_hidden = states(term.teacher)[where]
-        picked = head_logp(model, hidden[where], targets[where], temperature, extras, top_k=top_k, top_p=top_p,
-                           term=term, teacher_hidden=teacher_hidden)
-        picked, more = picked if wants else (picked, {})
+        if loss is not None:
+            value, picked, more = head_loss(model, hidden[where], targets[where], loss.fn,
+                                            {name: x[:, start:][where] for name, x in loss.inputs.items()},
+                                            temperature, extras, top_k=top_k, top_p=top_p, term=term,
+                                            teacher_hidden=teacher_hidden)
+        else:
+            picked = head_logp(model, hidden[where], targets[where], temperature, extras, top_k=top_k, top_p=top_p,
+                               term=term, teacher_hidden=teacher_hidden)
+            picked, more = picked if wants else (picked, {})
         logp = picked.new_zeros(B, L - 1 - start).index_put(where, picked)
         more = {name: picked.new_zeros(B, L - 1 - start).index_put(where, value) for name, value in more.items()}
     if start > 0:
         logp = torch.cat([logp.new_zeros(B, start), logp], 1)
         more = {name: torch.cat([value.new_zeros(B, start), value], 1) for name, value in more.items()}
+    if loss is not None:
+        return logp.detach(), more, value
     return (logp, more) if wants else logp
 
 
@@ -236,13 +252,13 @@ def padding_fraction(attention_mask: torch.Tensor) -> float:
 
 def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
                 temperature: float = 1.0, extras: tuple[str, ...] = (), top_k: int = 0, top_p: float = 1.0,
-                term: TeacherTerm | None = None):
+                term: TeacherTerm | None = None, loss: TokenLoss | None = None):
     """Per-token log-probs [B, L-1] (target-aligned, 0 outside `mask`) from one packed forward: no
     padding is computed, and the LM head runs only where the target is a masked (response) token.
     Equal to `token_logp` on the padded batch up to floating-point order. `extras` adds, no grad,
     [B, L-1] tensors: "entropy" (of the token distribution), "top1" (1 where the target is the argmax);
-    then the result is (log-probs, {name: tensor}); a teacher `term` adds "divergence" (with grad), as in
-    `token_logp`."""
+    then the result is (log-probs, {name: tensor}); a teacher `term` adds "divergence" (with grad), and a `loss`
+    makes the result (log-probs without grad, extras, the loss with grad), as in `token_logp`."""
     p = pack(input_ids, attention_mask)
     wants = bool(extras) or term is not None
     B, L = p.shape
@@ -251,6 +267,8 @@ def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
     keep = (same_row & mask.bool()[p.rows[:-1], target_col]).nonzero().squeeze(1)
     targets = p.input_ids[0, keep + 1]
     inputs = dict(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False)
+    where = (p.rows[keep], p.cols[keep])
+    loss_inputs = {name: x[where] for name, x in loss.inputs.items()} if loss is not None else {}
     if chunk_tokens_of(model) == 0:
         if term is not None:
             raise ConfigError("a full-distribution distillation divergence needs train.logit_chunk_tokens > 0")
@@ -261,18 +279,24 @@ def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
             logits = truncate(logits.float(), targets, top_k, top_p)
         picked = selective_logp(logits.unsqueeze(1), targets.unsqueeze(1)).squeeze(1)
         more = logits_extras(logits.detach(), targets, extras)
+        if loss is not None:
+            value = loss.fn(picked, loss_inputs, None).sum()
     else:
         hidden, _ = hidden_forward(model, **inputs)
         teacher_hidden = None
         if term is not None:
             with torch.no_grad():
                 teacher_hidden = hidden_forward(term.teacher, **inputs)[0][0, keep]
-        picked = head_logp(model, hidden[0, keep], targets, temperature, extras, top_k=top_k, top_p=top_p,
-                           term=term, teacher_hidden=teacher_hidden)
-        picked, more = picked if wants else (picked, {})
-    where = (p.rows[keep], p.cols[keep])
+        if loss is not None:
+            value, picked, more = head_loss(model, hidden[0, keep], targets, loss.fn, loss_inputs, temperature, extras,
+                                            top_k=top_k, top_p=top_p, term=term, teacher_hidden=teacher_hidden)
+        else:
+            picked = head_logp(model, hidden[0, keep], targets, temperature, extras, top_k=top_k, top_p=top_p,
+                               term=term, teacher_hidden=teacher_hidden)
+            picked, more = picked if wants else (picked, {})
     logp = torch.zeros(B, L - 1, dtype=picked.dtype, device=picked.device).index_put(where, picked)
-    if not wants:
-        return logp
-    return logp, {name: torch.zeros(B, L - 1, dtype=torch.float32, device=picked.device).index_put(where, value)
-                  for name, value in more.items()}
+    more = {name: torch.zeros(B, L - 1, dtype=torch.float32, device=picked.device).index_put(where, x)
+            for name, x in more.items()}
+    if loss is not None:
+        return logp.detach(), more, value
+    return (logp, more) if wants else logp

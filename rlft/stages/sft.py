@@ -16,6 +16,7 @@ from rlft import dist
 from rlft.data.encode import collate_padded, pad_to
 from rlft.model_source import resolve_model_path
 from rlft.models import load_model, load_tokenizer
+from rlft.rollout.lm_head import TokenLoss
 from rlft.rollout.logprobs import packed_logp, response_start, token_logp
 from rlft.stages import common, inputs
 from rlft.trainer import Trainer
@@ -33,16 +34,23 @@ def sft_loss(trainer: Trainer, examples: list[dict], num_tokens_global: float, p
     mask = pad_to([ex["loss_mask"] for ex in examples], 0)
     ids, attn, mask = ids.to(trainer.device), attn.to(trainer.device), mask.to(trainer.device)
     target_mask = mask[:, 1:].float()
+    loss = TokenLoss(token_nll, {"weight": target_mask / num_tokens_global})
     if packed:
-        logp, extra = packed_logp(trainer, ids, attn, target_mask, extras=("top1",))
+        logp, extra, value = packed_logp(trainer, ids, attn, target_mask, extras=("top1",), loss=loss)
     else:  # the LM head only at response tokens, a chunk at a time
-        logp, extra = token_logp(trainer, ids, attn, start=response_start(target_mask), mask=target_mask,
-                                 extras=("top1",))
+        logp, extra, value = token_logp(trainer, ids, attn, start=response_start(target_mask), mask=target_mask,
+                                        extras=("top1",), loss=loss)
     nll_sum = -(logp * target_mask).sum()
     correct = (extra["top1"] * target_mask).sum()
     count = target_mask.sum()
     stats = {"loss": (nll_sum.item(), count.item()), "token_acc": (correct.item(), count.item())}
-    return nll_sum / num_tokens_global, stats
+    return value, stats
+
+
+def token_nll(logp: torch.Tensor, inputs: dict, _divergence=None) -> torch.Tensor:
+    """Each response token's negative log-likelihood over the step's token count (lm_head.TokenLoss.fn: the
+    head differentiates it chunk by chunk in the forward)."""
+    return -logp * inputs["weight"]
 
 
 def run(cfg, ctx: common.StageContext) -> dict:

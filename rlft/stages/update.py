@@ -25,7 +25,7 @@ from rlft.config.arithmetic import distill_sampled
 from rlft.microbatch import rollout_groups
 from rlft.models import token_scores
 from rlft.rollout import batch as rb
-from rlft.rollout.lm_head import TeacherTerm
+from rlft.rollout.lm_head import TeacherTerm, TokenLoss
 from rlft.rollout.logprobs import packed_logp, padding_fraction, response_start, token_logp
 from rlft.stages.common import Sums
 
@@ -88,22 +88,28 @@ def micro_inputs(ro: rb.Rollout, rows, device) -> tuple:
 
 
 def micro_forward(policy, ro: rb.Rollout, rows, temperature: float, packed: bool = False, share_prompt: bool = False,
-                  top_k: int = 0, top_p: float = 1.0, term: TeacherTerm | None = None):
+                  top_k: int = 0, top_p: float = 1.0, term: TeacherTerm | None = None,
+                  loss: Callable[[torch.Tensor], TokenLoss] | None = None):
     """One micro-batch through the policy (with grad): (ids, attention mask, cols, response mask, token
     entropy (no grad), per-token log-probs), as `micro_inputs`. `packed`: one padding-free forward
     (train.packing); `share_prompt`: each distinct prompt once (train.share_prompt); the same values.
     `temperature`, `top_k`, `top_p`: the distribution the tokens were sampled from. With a teacher `term`, a
-    seventh value: the per-token divergence from the teacher (with grad)."""
+    seventh value: the per-token divergence from the teacher (with grad). With `loss` (the micro-batch's
+    target-aligned mask [B, L-1] -> its lm_head.TokenLoss), a last value: that loss with grad, its head
+    gradients computed in the forward; the log-probs and the divergence are then without grad."""
     ids, attn, cols, mask = micro_inputs(ro, rows, policy.device)
     full_mask = ro.mask[rows, :ids.shape[1] - 1].to(policy.device)
+    token_loss = loss(full_mask) if loss is not None else None
     if packed:
-        logp, extra = packed_logp(policy, ids, attn, full_mask, temperature, ("entropy",), top_k, top_p, term)
+        got = packed_logp(policy, ids, attn, full_mask, temperature, ("entropy",), top_k, top_p, term, token_loss)
     else:
-        logp, extra = token_logp(policy, ids, attn, temperature, cols.start,
-                                 rb.prompt_lens_of(ro, rows) if share_prompt else None, full_mask, ("entropy",),
-                                 top_k, top_p, term)
+        got = token_logp(policy, ids, attn, temperature, cols.start,
+                         rb.prompt_lens_of(ro, rows) if share_prompt else None, full_mask, ("entropy",),
+                         top_k, top_p, term, token_loss)
+    logp, extra = got[:2]
     out = ids, attn, cols, mask, extra["entropy"][:, cols], logp[:, cols]
-    return out + (extra["divergence"][:, cols],) if term is not None else out
+    out = out + (extra["divergence"][:, cols],) if term is not None else out
+    return out + (got[2],) if loss is not None else out
 
 
 def epoch_rollout(ro: rb.Rollout, algo, group_size: int, epoch: int, shuffle_seed: int | None) -> rb.Rollout:
@@ -155,40 +161,77 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
     the KL to the reference is measured whenever the rollout has reference log-probs and enters the
     loss with algo.kl_in=loss; with a teacher `term`, algo.distill_coef x the divergence from the teacher is
     added to each token's loss (logged as distill_divergence). Every metric the loss returns is logged (a
-    masked mean over tokens)."""
+    masked mean over tokens).
+
+    A loss registered `per_token` (each token's term from its own log-prob) goes to the LM head as a TokenLoss,
+    each token's term weighted by its share in the aggregation (`aggregation_weights`), and is differentiated
+    chunk by chunk in the forward (lm_head.head_loss); another (gspo) is computed from the log-probs."""
     algo, dev = shape.algo, policy.device
     policy_loss = POLICY_LOSSES.get(algo.policy_loss)
     aggregate = AGGREGATIONS.get(algo.loss_agg)
     kl_fn = KL_ESTIMATORS.get(algo.kl_estimator)
-    options = POLICY_LOSSES.meta(algo.policy_loss).get("options", ())
-    pl_cfg = PolicyLossConfig(**{key: getattr(algo, key) for key in options})
+    meta = POLICY_LOSSES.meta(algo.policy_loss)
+    pl_cfg = PolicyLossConfig(**{key: getattr(algo, key) for key in meta.get("options", ())})
+
+    def token_terms(logp, old, adv, mask, ref, is_weight, divergence):
+        """(each token's loss before aggregation, the policy loss's metrics)."""
+        loss_tok, metrics = policy_loss(logp, old, adv, mask, pl_cfg)
+        if is_weight is not None:
+            loss_tok = loss_tok * is_weight
+        if ref is not None and algo.kl_in == "loss":
+            loss_tok = loss_tok + kl_coef * kl_fn(logp, ref)
+        if divergence is not None:
+            loss_tok = loss_tok + algo.distill_coef * divergence
+        return loss_tok, metrics
+
+    def fused_terms(logp, t, divergence):  # lm_head.TokenLoss.fn: a chunk of tokens, each weighted
+        return token_terms(logp, t.get("old"), t["adv"], torch.ones_like(logp), t.get("ref"), t.get("is_weight"),
+                           divergence)[0] * t["weight"]
 
     def micro_loss(ro, rows, denom):  # ro: the rollout as this pass orders it (rows index it)
         adv = ro.need("adv", f"policy loss {algo.policy_loss}")
-        old_logp, ref_logp, is_weight = ro.get("old_logp"), ro.get("ref_logp"), ro.get("is_weight")
-        ids, attn, cols, mask, ent, logp, *divergence = micro_forward(
-            policy, ro, rows, shape.temperature, shape.packed, shape.share_prompt, shape.top_k, shape.top_p, term)
+        tensors = {"adv": adv, "old": ro.get("old_logp"), "ref": ro.get("ref_logp"), "is_weight": ro.get("is_weight")}
+
+        def token_loss(full_mask):  # this micro-batch's TokenLoss on its [B, L-1] columns
+            width = full_mask.shape[1]
+            inputs = {name: x[rows, :width].to(dev) for name, x in tensors.items() if x is not None}
+            inputs["weight"] = aggregation_weights(aggregate, full_mask, denom)
+            return TokenLoss(fused_terms, inputs)
+        ids, attn, cols, mask, ent, logp, *rest = micro_forward(
+            policy, ro, rows, shape.temperature, shape.packed, shape.share_prompt, shape.top_k, shape.top_p, term,
+            token_loss if meta.get("per_token") else None)
         add_padding(stats, attn, shape.packed)
-        old = old_logp[rows, cols].to(dev) if old_logp is not None else None
-        loss_tok, metrics = policy_loss(logp, old, adv[rows, cols].to(dev), mask, pl_cfg)
-        if is_weight is not None:
-            loss_tok = loss_tok * is_weight[rows, cols].to(dev)
+        old, ref, is_weight = (tensors[name][rows, cols].to(dev) if tensors[name] is not None else None
+                               for name in ("old", "ref", "is_weight"))
+        divergence = rest[0] if term is not None else None
+        if meta.get("per_token"):
+            loss = rest[-1]
+            with torch.no_grad():
+                metrics = policy_loss(logp, old, adv[rows, cols].to(dev), mask, pl_cfg)[1]
+        else:
+            loss_tok, metrics = token_terms(logp, old, adv[rows, cols].to(dev), mask, ref, is_weight, divergence)
+            loss = aggregate(loss_tok, mask, denom)
         tokens = mask.sum().item()
-        if ref_logp is not None:
-            kl = kl_fn(logp, ref_logp[rows, cols].to(dev))
-            if algo.kl_in == "loss":
-                loss_tok = loss_tok + kl_coef * kl
-            stats.add("kl", masked_sum_f(kl.detach(), mask), tokens)
-        if divergence:
-            loss_tok = loss_tok + algo.distill_coef * divergence[0]
-            stats.add("distill_divergence", masked_sum_f(divergence[0].detach(), mask), tokens)
+        if ref is not None:
+            stats.add("kl", masked_sum_f(kl_fn(logp.detach(), ref), mask), tokens)
+        if divergence is not None:
+            stats.add("distill_divergence", masked_sum_f(divergence.detach(), mask), tokens)
         values = torch.stack([v.detach().to(torch.float64) for v in metrics.values()]).tolist()  # one sync
         for name, value in zip(metrics, values):  # each a masked mean over the micro-batch's tokens
             stats.add(name, value * tokens, tokens)
         stats.add("entropy", masked_sum_f(ent, mask), tokens)
-        return aggregate(loss_tok, mask, denom)
+        return loss
 
     step_loop(policy, ro, shape, shuffle_seed, token_denominator(shape), micro_loss, stats)
+
+
+def aggregation_weights(aggregate: Callable, mask: torch.Tensor, denom: AggDenominator) -> torch.Tensor:
+    """Each token's weight in an AGGREGATIONS entry's scalar ([B, T] like `mask`): every aggregation is linear in
+    the per-token loss, so its gradient there is the weight (1 / N_tok for token-mean, 1 / (N_seq |o_i|) for
+    seq-mean-token-mean, ...)."""
+    with torch.enable_grad():
+        probe = torch.zeros_like(mask, dtype=torch.float32, requires_grad=True)
+        return torch.autograd.grad(aggregate(probe, mask, denom), probe)[0]
 
 
 def update_critic(critic, ro: rb.Rollout, stats: Sums, shape: Shape, value_clip: float,

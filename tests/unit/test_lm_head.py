@@ -182,3 +182,69 @@ def test_the_default_chunk_holds_a_fixed_budget_of_logits_whatever_the_vocabular
     assert lm_head.chunk_tokens_of(model) == lm_head.default_chunk_tokens(V)  # no train.logit_chunk_tokens of its own
     model.cfg = type("Cfg", (), {"train": type("Train", (), {"logit_chunk_tokens": 16})})()
     assert lm_head.chunk_tokens_of(model) == 16
+
+
+def clipped_terms(logp, t, divergence=None):
+    """A GRPO-like per-token loss: the clipped surrogate plus 0.04 x k3 to a reference, weighted per token."""
+    ratio = torch.exp(logp - t["old"])
+    policy = -torch.min(ratio * t["adv"], ratio.clamp(0.8, 1.2) * t["adv"])
+    kl = torch.exp(t["ref"] - logp) - (t["ref"] - logp) - 1
+    return (policy + 0.04 * kl) * t["weight"]
+
+
+@pytest.mark.parametrize("kind", ["qwen2-tied", "llama", "gemma2-softcap", "llama-lora-head"])
+@pytest.mark.parametrize("path", ["padded", "packed", "shared_prompt"])
+def test_a_per_token_loss_differentiated_in_the_forward_equals_the_models_own_logits(kind, path, monkeypatch):
+    """lm_head.head_loss: the loss, log-probs, entropies and every gradient equal the model's own logits' to
+    1e-5 (top-p truncation on, so the truncated distribution's gradient is the one handed on), and the head runs
+    once per chunk (nothing recomputed in the backward); a plain linear head's gradients by hand, a LoRA-adapted
+    head's through its module."""
+    monkeypatch.setattr(lm_head, "DEFAULT_CHUNK_TOKENS", 5)
+    if kind == "llama-lora-head":
+        import peft
+
+        torch.manual_seed(0)
+        model = peft.get_peft_model(tiny("llama"), peft.LoraConfig(r=4, target_modules=["q_proj", "lm_head"],
+                                                                     init_lora_weights=False))
+    else:
+        model = tiny(kind)
+    ids, attn, mask = batch()
+    if path == "shared_prompt":
+        ids[1, :3] = ids[0, :3]
+    g = torch.Generator().manual_seed(2)
+    inputs = {"old": -torch.rand(mask.shape, generator=g) * 3, "ref": -torch.rand(mask.shape, generator=g) * 3,
+              "adv": torch.randn(mask.shape, generator=g), "weight": mask / mask.sum()}
+    loss = lm_head.TokenLoss(clipped_terms, inputs)
+
+    def run(chunk, **kw):
+        monkeypatch.setattr(lm_head, "DEFAULT_CHUNK_TOKENS", chunk)
+        model.zero_grad()
+        if path == "packed":
+            logp, more, value = packed_logp(model, ids, attn, mask, 0.7, ("entropy",), top_p=0.9, loss=loss)
+        else:
+            logp, more, value = token_logp(model, ids, attn, 0.7, 2 if path == "shared_prompt" else 0,
+                                           [3, 3, 3, 3] if path == "shared_prompt" else None, mask, ("entropy",),
+                                           top_p=0.9, loss=loss)
+        assert not logp.requires_grad and value.requires_grad
+        if chunk and lm_head.FUSED:  # the gradients it hands on hold no graph (no chunk's logits kept alive)
+            assert all(g is None or g.grad_fn is None for g in value.grad_fn.gradients)
+        value.backward()
+        return value.detach(), logp, more["entropy"], {n: p.grad.clone() for n, p in model.named_parameters()
+                                                       if p.grad is not None}
+    want = run(0)
+    run(5)  # the first forward's check of the head, not counted
+    calls = []
+    lm_head.unwrap(model).get_output_embeddings().register_forward_hook(
+        lambda _m, args, _o: calls.append(args[0].shape[:-1].numel()))
+    got = run(5)
+    calls = [n for n in calls if n]  # the model's own forward asks its head for no positions
+    assert max(calls) <= 5 and sum(calls) == int(mask.sum())  # each chunk once: no recompute in the backward
+    monkeypatch.setattr(lm_head, "FUSED", False)
+    recomputed = run(5)
+    for other in (got, recomputed):
+        torch.testing.assert_close(other[0], want[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(other[1], want[1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(other[2], want[2], rtol=1e-5, atol=1e-5)
+        assert other[3].keys() == want[3].keys()
+        for name in want[3]:
+            torch.testing.assert_close(other[3][name], want[3][name], rtol=1e-5, atol=1e-5, msg=name)

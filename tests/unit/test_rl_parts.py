@@ -327,3 +327,55 @@ def test_iterative_prm_retraining_weighs_steps_as_the_prm_stage_did(tmp_path):
     loss, count = reward_loss("prm", 2.5)
     assert loss.func is prm_loss and loss.keywords == {"good_weight": 2.5} and count is step_count
     assert reward_loss("rm") == (rm_loss, len)
+
+
+class GradPolicy(CapturingPolicy):
+    """CapturingPolicy whose backward runs: the gradients of every micro-batch loss accumulate in the module."""
+
+    def backward(self, loss, last=True):
+        super().backward(loss, last)
+        loss.backward()
+
+
+@pytest.mark.parametrize("loss,agg", [("ppo_clip", "seq-mean-token-mean"), ("ppo_clip", "token-mean"),
+                                      ("ppo_clip", "constant-norm"), ("reinforce", "seq-mean-token-sum"),
+                                      ("gspo", "seq-mean-token-mean")])
+def test_a_per_token_loss_through_the_head_updates_as_the_log_prob_loss_does(one_rank, loss, agg, monkeypatch):
+    """update_policy hands a `per_token` policy loss (with is_weight, the k3 KL in the loss and its aggregation's
+    weights) to the LM head, which differentiates it in the forward, two tokens a chunk: the loss, every metric
+    and every gradient equal the same update with the chunks recomputed in the backward and with the model's own
+    logits (gspo, not per-token, takes the log-prob path in all three)."""
+    from rlft.models import load_model, load_tokenizer
+    from rlft.rollout import lm_head
+
+    from rlft.config.validate import validate
+
+    cfg = compose_config("algo=grpo", "rollout.samples_per_prompt=2", "algo.kl_coef=0.05", f"algo.policy_loss={loss}",
+                         f"algo.loss_agg={agg}", *TINY_MODEL)
+    validate(cfg)
+    tokenizer = load_tokenizer(cfg.model, "builtin:tiny")
+    prompt, completions = [5, 6, 7], [[8, 9, 10, 2], [11, 12, 2], [13, 14, 15, 16, 2], [9, 2]]
+    ids, attn, mask = rb.build_sequences([prompt] * 4, completions, tokenizer.pad_token_id)
+    g = torch.Generator().manual_seed(3)
+    ro = rb.Rollout(rows=[{}] * 4, prompt_texts=[""] * 4, completions=[""] * 4, completion_ids=completions,
+                    input_ids=ids, attention_mask=attn, mask=mask, truncated=torch.tensor([False] * 4),
+                    prompt_lens=[3] * 4)
+    ro.put(old_logp=-torch.rand(mask.shape, generator=g) * 2, ref_logp=-torch.rand(mask.shape, generator=g) * 2,
+           is_weight=0.5 + torch.rand(mask.shape, generator=g), adv=torch.randn(4, 1, generator=g).expand_as(mask).clone())
+
+    def run(chunk, fused):
+        monkeypatch.setattr(lm_head, "DEFAULT_CHUNK_TOKENS", chunk)
+        monkeypatch.setattr(lm_head, "FUSED", fused)
+        model = load_model(cfg.model, "builtin:tiny", tokenizer, seed=cfg.seed)
+        policy, stats = GradPolicy(model), Sums()
+        update.update_policy(policy, ro, stats, update.Shape.of(cfg), kl_coef=0.05)
+        return policy.losses, stats.reduce(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                               if p.grad is not None}
+    want = run(0, True)
+    for got in (run(2, True), run(2, False)):
+        assert got[0] == pytest.approx(want[0], rel=1e-5)
+        assert got[1].keys() == want[1].keys()
+        assert all(got[1][k] == pytest.approx(want[1][k], rel=1e-5, abs=1e-6) for k in want[1])
+        assert got[2].keys() == want[2].keys() and want[2]
+        for name in want[2]:
+            torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-5, atol=1e-6, msg=name)
