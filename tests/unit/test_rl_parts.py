@@ -259,7 +259,7 @@ class CapturingPolicy:
         return self.module(*args, **kwargs)
 
     def backward(self, loss, last=True):
-        self.losses.append(float(loss))
+        self.losses.append(float(loss.detach()))
 
     def step(self):
         pass
