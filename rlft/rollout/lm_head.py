@@ -154,7 +154,10 @@ def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
     EXTRAS) add [N] fp32 tensors without grad; then the result is (log-probs, {name: tensor}). With a teacher
     `term` and the teacher's final hidden states at the same tokens ([N, H_teacher], no grad), the teacher's head
     runs on the same chunks and {"divergence": [N]} (with grad) joins the extras."""
-    head, piece, _ = chunk_function(model, temperature, extras, top_k, top_p, term)
+    head, run_head, tail = chunk_function(model, temperature, extras, top_k, top_p, term)
+
+    def piece(h: torch.Tensor, t: torch.Tensor, th: torch.Tensor | None = None):
+        return tail(run_head(h), t, th)
     recompute = torch.is_grad_enabled() and (hidden.requires_grad or any(
         p.requires_grad for p in getattr(head, "parameters", tuple)()))
     chunks = chunks_of(hidden, targets, teacher_hidden, max(1, chunk_tokens or chunk_tokens_of(model)))
@@ -171,10 +174,10 @@ def head_logp(model, hidden: torch.Tensor, targets: torch.Tensor, temperature: f
 
 def chunk_function(model, temperature: float, extras: tuple[str, ...], top_k: int, top_p: float,
                    term: TeacherTerm | None) -> tuple[object, Callable, Callable]:
-    """(the model's head, piece, tail) where piece(hidden [n, H], targets [n] [, teacher hidden [n, H_t]]) ->
-    (log-probs [n], *extras [n] without grad[, divergence [n]]) of one chunk of tokens (its logits exist only
-    inside), and tail(the head's output [n, V], targets[, teacher hidden]) the same from the head's output on.
-    The head runs in the model's head context (a LoRA reference's: the adapter off)."""
+    """(the model's head, run_head, tail) of one chunk of tokens: run_head(hidden [n, H]) is the head's output
+    [n, V] in the model's head context (a LoRA reference's: the adapter off), and tail(that output, targets [n]
+    [, teacher hidden [n, H_t]]) -> (log-probs [n], *extras [n] without grad[, divergence [n]]). A chunk's
+    logits exist only inside the two."""
     head, process, context = head_parts(model)
     divergence = teacher_divergence(term, temperature) if term is not None else None
 
@@ -191,12 +194,10 @@ def chunk_function(model, temperature: float, extras: tuple[str, ...], top_k: in
                     for name in extras]
         return (logp, *more) if th is None else (logp, *more, divergence(full, th))
 
-    def piece(h: torch.Tensor, t: torch.Tensor, th: torch.Tensor | None = None):
+    def run_head(h: torch.Tensor) -> torch.Tensor:
         with context():
-            raw = head(h)
-        return tail(raw, t, th)
-    piece.context = context
-    return head, piece, tail
+            return head(h)
+    return head, run_head, tail
 
 
 def chunks_of(hidden: torch.Tensor, targets: torch.Tensor, teacher_hidden: torch.Tensor | None, step: int) -> list:
@@ -236,7 +237,7 @@ def head_loss(model, hidden: torch.Tensor, targets: torch.Tensor, fn: Callable, 
     more in the backward: on a 150k-token vocabulary the head is a quarter of a 0.5B model's weights. Not
     under ZeRO-3 with a trainable head (its weights are partitioned outside their module's forward and
     backward) and not with FUSED off: there the log-probs take `head_logp`'s path and fn follows them."""
-    head, piece, tail = chunk_function(model, temperature, extras, top_k, top_p, term)
+    head, run_head, tail = chunk_function(model, temperature, extras, top_k, top_p, term)
     params = [p for p in getattr(head, "parameters", tuple)() if p.requires_grad]
     if not (FUSED and torch.is_grad_enabled() and (hidden.requires_grad or params)) or \
             any(hasattr(p, "ds_id") for p in params):
@@ -253,12 +254,12 @@ def head_loss(model, hidden: torch.Tensor, targets: torch.Tensor, fn: Callable, 
         h, n = chunk[0], len(chunk[1])
         with torch.enable_grad():
             if linear:  # differentiate from the head's output on
-                with torch.no_grad(), piece.context():
-                    leaf = head(h)
+                with torch.no_grad():
+                    leaf = run_head(h)
                 out = tail(leaf.requires_grad_(), *chunk[1:])
             else:  # any other head (a LoRA layer, a frozen ZeRO-3 copy): through its module
                 leaf = h.detach().requires_grad_(hidden.requires_grad)
-                out = piece(leaf, *chunk[1:])
+                out = tail(run_head(leaf), *chunk[1:])
             here = {name: value[begin:begin + n] for name, value in inputs.items()}
             terms = fn(out[0], here, out[-1] if term is not None else None).sum()
             wrt = [leaf] if leaf.requires_grad else []

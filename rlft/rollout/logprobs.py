@@ -156,6 +156,7 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
     targets = input_ids[:, start + 1:]
     wants = bool(extras) or term is not None
     where = (mask[:, start:] if mask is not None else torch.ones_like(targets)).bool().nonzero(as_tuple=True)
+    loss_inputs = {name: x[:, start:][where] for name, x in loss.inputs.items()} if loss is not None else {}
     if chunk_tokens_of(model) == 0:
         if term is not None:
             raise ConfigError("a full-distribution distillation divergence needs train.logit_chunk_tokens > 0")
@@ -168,7 +169,7 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
             keep = mask[:, start:].to(logp.dtype)
             logp, more = logp * keep, {name: value * keep for name, value in more.items()}
         if loss is not None:
-            value = loss.fn(logp[where], {name: x[:, start:][where] for name, x in loss.inputs.items()}, None).sum()
+            value = loss.fn(logp[where], loss_inputs, None).sum()
     else:
         def states(of):
             if prompt_lens is None:
@@ -181,10 +182,8 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
             with torch.no_grad():
                 teacher_hidden = states(term.teacher)[where]
         if loss is not None:
-            value, picked, more = head_loss(model, hidden[where], targets[where], loss.fn,
-                                            {name: x[:, start:][where] for name, x in loss.inputs.items()},
-                                            temperature, extras, top_k=top_k, top_p=top_p, term=term,
-                                            teacher_hidden=teacher_hidden)
+            value, picked, more = head_loss(model, hidden[where], targets[where], loss.fn, loss_inputs, temperature,
+                                            extras, top_k=top_k, top_p=top_p, term=term, teacher_hidden=teacher_hidden)
         else:
             picked = head_logp(model, hidden[where], targets[where], temperature, extras, top_k=top_k, top_p=top_p,
                                term=term, teacher_hidden=teacher_hidden)
