@@ -245,41 +245,51 @@ def head_loss(model, hidden: torch.Tensor, targets: torch.Tensor, fn: Callable, 
         logp, more = out if (extras or term is not None) else (out, {})
         loss = fn(logp, inputs, more.get("divergence")).sum()
         return loss, logp.detach(), {name: tensor.detach() for name, tensor in more.items()}
-    linear = type(head) is torch.nn.Linear  # its two gradient products by hand, accumulated in place
     step = max(1, chunk_tokens or chunk_tokens_of(model))
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     grad_hidden, grad_params, logps, mores = [], [None] * len(params), [], []
     begin = 0
     for chunk in chunks_of(hidden.detach(), targets, teacher_hidden, step):
-        h, n = chunk[0], len(chunk[1])
-        with torch.enable_grad():
-            if linear:  # differentiate from the head's output on
-                with torch.no_grad():
-                    leaf = run_head(h)
-                out = tail(leaf.requires_grad_(), *chunk[1:])
-            else:  # any other head (a LoRA layer, a frozen ZeRO-3 copy): through its module
-                leaf = h.detach().requires_grad_(hidden.requires_grad)
-                out = tail(run_head(leaf), *chunk[1:])
-            here = {name: value[begin:begin + n] for name, value in inputs.items()}
-            terms = fn(out[0], here, out[-1] if term is not None else None).sum()
-            wrt = [leaf] if leaf.requires_grad else []
-            grads = torch.autograd.grad(terms, wrt + ([] if linear else params)) if wrt or params else ()
-        if linear:
-            with torch.no_grad():  # the products must not join the caller's graph (head.weight requires grad)
-                linear_grads(head, h, grads[0], hidden.requires_grad, grad_hidden, params, grad_params)
-        else:
-            if leaf.requires_grad:
-                grad_hidden.append(grads[0])
-            for k, g in enumerate(grads[len(grads) - len(params):]):
-                grad_params[k] = g if grad_params[k] is None else grad_params[k].add_(g)
-        total = total + terms.detach()
-        logps.append(out[0].detach())
-        mores.append([value.detach() for value in out[1:]])
+        n = len(chunk[1])
+        here = {name: value[begin:begin + n] for name, value in inputs.items()}
+        terms, out = differentiate_chunk(head, run_head, tail, chunk, fn, here, term is not None,
+                                         hidden.requires_grad, params, grad_hidden, grad_params)
+        total = total + terms
+        logps.append(out[0])
+        mores.append(out[1:])
         begin += n
     gradients = [torch.cat(grad_hidden) if grad_hidden else None] + grad_params
     value = HandOn.apply(total, gradients, hidden, *params)
     names = list(extras) + (["divergence"] if term is not None else [])
     return value, torch.cat(logps), {name: torch.cat([m[i] for m in mores]) for i, name in enumerate(names)}
+
+
+def differentiate_chunk(head, run_head, tail, chunk: tuple, fn: Callable, here: dict, with_term: bool,
+                        wants_hidden: bool, params: list, grad_hidden: list, grad_params: list) -> tuple:
+    """One chunk of `head_loss`: (the sum of its loss terms, (log-probs, *extras[, divergence])), all without
+    grad; its hidden states' gradient appended to `grad_hidden`, its head parameters' added to `grad_params`.
+    Its logits and their gradient are freed on return, before the next chunk makes its own."""
+    h, linear = chunk[0], type(head) is torch.nn.Linear  # a linear head: its two gradient products by hand
+    with torch.enable_grad():
+        if linear:  # differentiate from the head's output on
+            with torch.no_grad():
+                leaf = run_head(h)
+            out = tail(leaf.requires_grad_(), *chunk[1:])
+        else:  # any other head (a LoRA layer, a frozen ZeRO-3 copy): through its module
+            leaf = h.detach().requires_grad_(wants_hidden)
+            out = tail(run_head(leaf), *chunk[1:])
+        terms = fn(out[0], here, out[-1] if with_term else None).sum()
+        wrt = [leaf] if leaf.requires_grad else []
+        grads = torch.autograd.grad(terms, wrt + ([] if linear else params)) if wrt or params else ()
+    if linear:
+        with torch.no_grad():  # the products must not join the caller's graph (head.weight requires grad)
+            linear_grads(head, h, grads[0], wants_hidden, grad_hidden, params, grad_params)
+    else:
+        if leaf.requires_grad:
+            grad_hidden.append(grads[0])
+        for k, g in enumerate(grads[len(grads) - len(params):]):
+            grad_params[k] = g if grad_params[k] is None else grad_params[k].add_(g)
+    return terms.detach(), tuple(value.detach() for value in out)
 
 
 def linear_grads(head: torch.nn.Linear, h: torch.Tensor, grad_out: torch.Tensor, wants_hidden: bool,
@@ -307,8 +317,8 @@ class HandOn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, upstream):
-        gradients, ctx.gradients = ctx.gradients, None
-        return (None, None, *(None if g is None else g * upstream.to(g.dtype) for g in gradients))
+        gradients, ctx.gradients = ctx.gradients, None  # its own: scaled in place, no second copy of a weight's
+        return (None, None, *(None if g is None else g.mul_(upstream.to(g.dtype)) for g in gradients))
 
 
 def head_parts(model) -> tuple[Callable, Callable, Callable]:
