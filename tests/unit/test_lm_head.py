@@ -248,3 +248,27 @@ def test_a_per_token_loss_differentiated_in_the_forward_equals_the_models_own_lo
         assert other[3].keys() == want[3].keys()
         for name in want[3]:
             torch.testing.assert_close(other[3][name], want[3][name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_chunks_logits_are_freed_before_the_next_chunk_makes_its_own(monkeypatch):
+    """head_loss: when the head runs on a chunk, no earlier chunk's logits are alive (their gradient, made from
+    them, neither): one chunk's working set at a time."""
+    import weakref
+
+    monkeypatch.setattr(lm_head, "DEFAULT_CHUNK_TOKENS", 4)
+    model = tiny("qwen2-tied")
+    ids, attn, mask = batch()
+    inputs = {"old": torch.zeros(mask.shape), "ref": torch.zeros(mask.shape), "adv": torch.ones(mask.shape),
+              "weight": mask / mask.sum()}
+    loss = lm_head.TokenLoss(clipped_terms, inputs)
+    token_logp(model, ids[:1], attn[:1], mask=mask[:1])  # the first forward's check of the head, not counted
+    earlier, alive = [], []
+
+    def hook(_m, args, out):
+        if args[0].shape[:-1].numel():
+            alive.append(sum(ref() is not None for ref in earlier))
+            earlier.append(weakref.ref(out))
+    model.get_output_embeddings().register_forward_hook(hook)
+    value = token_logp(model, ids, attn, mask=mask, loss=loss)[-1]
+    value.backward()
+    assert len(alive) >= 3 and alive == [0] * len(alive)
