@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from rlft.config.algorithms import ALGO_SCHEMAS, CriticConfig, IterativeConfig, PairwiseConfig, TeacherConfig
-from rlft.config.fields import (Backend, Device, HFCache, ISLevel, LRSchedule, ModelKind, NonFinite, NonFinitePolicy, Precision,
-                                SpecialTokensInText, StepScorer, TruncationPolicy, WandbMode, free_on_resume,
-                                read_when)
+from rlft.config.fields import (Backend, Device, FusedLoss, HFCache, ISLevel, LRSchedule, ModelKind, NonFinite,
+                                NonFinitePolicy, Precision, SpecialTokensInText, StepScorer, TruncationPolicy,
+                                WandbMode, free_on_resume, read_when)
 from rlft.data.synthetic import TaskSpec
 from rlft.errors import ConfigError
 
@@ -85,6 +85,11 @@ class TrainConfig:
     carry loss, each chunk recomputed in the backward (rlft/rollout/lm_head.py, docs/performance.md). null:
     by vocabulary, at most 192 MiB of fp32 logits a chunk (1024 tokens at 49,152 entries, 256 at 151,936);
     0: the model's own logits, all positions at once."""
+    fused_loss: FusedLoss = free_on_resume(FusedLoss.rlft)
+    """What turns the final hidden states into the training loss without the micro-batch's logits: rlft (its
+    chunked head, any loss) | liger (liger-kernel's fused linear losses: the RL update's ppo_clip + k3 KL on any
+    device, SFT/RFT's cross-entropy on a GPU; rlft/rollout/liger.py, docs/performance.md). Same loss and gradients
+    within floating-point order; scoring passes (old, reference log-probs) always use rlft's head."""
     log_every: Optional[int] = free_on_resume(None)
     """Log metrics every this many optimizer steps (null: the defaults table)."""
     save_every: Optional[int] = free_on_resume(None)

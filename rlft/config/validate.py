@@ -61,6 +61,10 @@ def validate(cfg, recorded: Optional[dict] = None, given: Sequence[str] = ()) ->
     if train.logit_chunk_tokens is not None and train.logit_chunk_tokens < 0:
         raise ConfigError(f"train.logit_chunk_tokens={train.logit_chunk_tokens} must be null (by vocabulary), 0 (the "
                           "model's own logits) or a number of tokens")
+    if str(train.fused_loss) == "liger":
+        from rlft.rollout.liger import check_config
+
+        check_config(cfg)
     if cfg.model.lora.load_in_4bit:
         if cfg.model.lora.rank <= 0:
             raise ConfigError("model.lora.load_in_4bit=true quantizes the base under a LoRA adapter; set "

@@ -216,6 +216,9 @@ class TokenLoss:
     chunk in the forward (`head_loss`)."""
     fn: Callable
     inputs: dict
+    kernel: Callable | None = None
+    """liger-kernel's fused linear loss of the same sum (rlft/rollout/liger.py; train.fused_loss=liger):
+    kernel(the linear head, hidden [n, H], targets [n], inputs) -> the loss with grad; None: rlft's own."""
 
 
 FUSED = True
@@ -226,7 +229,7 @@ the chunks are recomputed in the backward as for log-probs alone (what the bench
 def head_loss(model, hidden: torch.Tensor, targets: torch.Tensor, fn: Callable, inputs: dict,
               temperature: float = 1.0, extras: tuple[str, ...] = (), chunk_tokens: int | None = None,
               top_k: int = 0, top_p: float = 1.0, term: TeacherTerm | None = None,
-              teacher_hidden: torch.Tensor | None = None):
+              teacher_hidden: torch.Tensor | None = None, kernel: Callable | None = None):
     """(the loss sum over tokens of fn (TokenLoss.fn) with grad, log-probs [N] and {extra: [N]} without grad) of
     hidden states [N, H], targets [N] and the loss's per-token `inputs` {name: [N]}, as `head_logp`.
 
@@ -236,7 +239,18 @@ def head_loss(model, hidden: torch.Tensor, targets: torch.Tensor, fn: Callable, 
     logits), and the backward only hands these on. The checkpointed path instead runs the head twice, once
     more in the backward: on a 150k-token vocabulary the head is a quarter of a 0.5B model's weights. Not
     under ZeRO-3 with a trainable head (its weights are partitioned outside their module's forward and
-    backward) and not with FUSED off: there the log-probs take `head_logp`'s path and fn follows them."""
+    backward) and not with FUSED off: there the log-probs take `head_logp`'s path and fn follows them. With a
+    `kernel` (TokenLoss.kernel) liger's fused loss gives the loss and the log-probs and extras are computed
+    without grad."""
+    if kernel is not None and torch.is_grad_enabled():
+        from rlft.rollout.liger import linear_head
+
+        value = kernel(linear_head(model), hidden, targets, inputs) if len(targets) else hidden.sum() * 0.0
+        with torch.no_grad():
+            out = head_logp(model, hidden, targets, temperature, extras, chunk_tokens, top_k, top_p, term,
+                            teacher_hidden)
+        logp, more = out if (extras or term is not None) else (out, {})
+        return value, logp, more
     head, run_head, tail = chunk_function(model, temperature, extras, top_k, top_p, term)
     params = [p for p in getattr(head, "parameters", tuple)() if p.requires_grad]
     if not (FUSED and torch.is_grad_enabled() and (hidden.requires_grad or params)) or \

@@ -183,7 +183,8 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
                 teacher_hidden = states(term.teacher)[where]
         if loss is not None:
             value, picked, more = head_loss(model, hidden[where], targets[where], loss.fn, loss_inputs, temperature,
-                                            extras, top_k=top_k, top_p=top_p, term=term, teacher_hidden=teacher_hidden)
+                                            extras, top_k=top_k, top_p=top_p, term=term, teacher_hidden=teacher_hidden,
+                                            kernel=loss.kernel)
         else:
             picked = head_logp(model, hidden[where], targets[where], temperature, extras, top_k=top_k, top_p=top_p,
                                term=term, teacher_hidden=teacher_hidden)
@@ -288,7 +289,8 @@ def packed_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
                 teacher_hidden = hidden_forward(term.teacher, **inputs)[0][0, keep]
         if loss is not None:
             value, picked, more = head_loss(model, hidden[0, keep], targets, loss.fn, loss_inputs, temperature, extras,
-                                            top_k=top_k, top_p=top_p, term=term, teacher_hidden=teacher_hidden)
+                                            top_k=top_k, top_p=top_p, term=term, teacher_hidden=teacher_hidden,
+                                            kernel=loss.kernel)
         else:
             picked = head_logp(model, hidden[0, keep], targets, temperature, extras, top_k=top_k, top_p=top_p,
                                term=term, teacher_hidden=teacher_hidden)

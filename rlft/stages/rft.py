@@ -89,7 +89,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
     examples = samples
     trainer = Trainer(cfg, model)
     summary = common.supervised_loop(ctx, trainer, examples, response_token_count,
-                                     lambda e, x, d: sft_loss(e, x, d, tokenizer.pad_token_id, cfg.train.packing))
+                                     lambda e, x, d: sft_loss(e, x, d, tokenizer.pad_token_id, cfg.train.packing,
+                                                                        str(cfg.train.fused_loss) == "liger"))
     summary.update(stats)
     common.finish(ctx, trainer, tokenizer, parent, summary)
     return summary

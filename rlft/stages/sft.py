@@ -27,14 +27,20 @@ def response_token_count(examples: list[dict]) -> int:
     return sum(sum(ex["loss_mask"][1:]) for ex in examples)
 
 
-def sft_loss(trainer: Trainer, examples: list[dict], num_tokens_global: float, pad_id: int, packed: bool = False):
+def sft_loss(trainer: Trainer, examples: list[dict], num_tokens_global: float, pad_id: int, packed: bool = False,
+             liger: bool = False):
     """Sum of response-token cross-entropy in this micro-batch / tokens in the whole step (`packed`: one
-    padding-free forward, train.packing)."""
+    padding-free forward, train.packing; `liger`: liger-kernel's fused cross-entropy, train.fused_loss=liger)."""
     ids, attn = collate_padded([ex["input_ids"] for ex in examples], pad_id)
     mask = pad_to([ex["loss_mask"] for ex in examples], 0)
     ids, attn, mask = ids.to(trainer.device), attn.to(trainer.device), mask.to(trainer.device)
     target_mask = mask[:, 1:].float()
-    loss = TokenLoss(token_nll, {"weight": target_mask / num_tokens_global})
+    kernel = None
+    if liger:
+        from rlft.rollout.liger import nll_kernel
+
+        kernel = nll_kernel()
+    loss = TokenLoss(token_nll, {"weight": target_mask / num_tokens_global}, kernel)
     if packed:
         logp, extra, value = packed_logp(trainer, ids, attn, target_mask, extras=("top1",), loss=loss)
     else:  # the LM head only at response tokens, a chunk at a time
@@ -65,7 +71,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
     test = inputs.sft_examples(cfg, tokenizer, "test")[:256]
     trainer = Trainer(cfg, model)
 
-    loss_fn = functools.partial(sft_loss, pad_id=tokenizer.pad_token_id, packed=cfg.train.packing)
+    loss_fn = functools.partial(sft_loss, pad_id=tokenizer.pad_token_id, packed=cfg.train.packing,
+                                liger=str(cfg.train.fused_loss) == "liger")
     evaluate = (lambda: common.held_out(trainer, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
     summary = common.supervised_loop(ctx, trainer, train, response_token_count, loss_fn, evaluate=evaluate)
     common.finish(ctx, trainer, tokenizer, parent, summary)

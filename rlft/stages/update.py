@@ -45,13 +45,15 @@ class Shape:
     share_prompt: bool = False  # each distinct prompt of a forward runs once (train.share_prompt)
     top_k: int = 0  # the sampler's truncation, replayed on the log-probs (lm_head.truncate)
     top_p: float = 1.0
+    liger: bool = False  # the per-token loss through liger-kernel's fused linear loss (train.fused_loss=liger)
 
     @classmethod
     def of(cls, cfg) -> "Shape":
         train, rollout = cfg.train, cfg.rollout
         return cls(cfg.algo, rollout.samples_per_prompt, rollout.temperature, rollout.max_new_tokens,
                    train.micro_batch_per_device, train.max_tokens_per_micro_batch, train.packing,
-                   bool(train.share_prompt), int(rollout.top_k), float(rollout.top_p))
+                   bool(train.share_prompt), int(rollout.top_k), float(rollout.top_p),
+                   str(train.fused_loss) == "liger")
 
 
 class Update:
@@ -165,7 +167,8 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
 
     A loss registered `per_token` (each token's term from its own log-prob) goes to the LM head as a TokenLoss,
     each token's term weighted by its share in the aggregation (`aggregation_weights`), and is differentiated
-    chunk by chunk in the forward (lm_head.head_loss); another (gspo) is computed from the log-probs."""
+    chunk by chunk in the forward (lm_head.head_loss), or with `shape.liger` by liger-kernel's fused loss of the
+    same sum (rollout/liger.py: ppo_clip and the k3 KL); another (gspo) is computed from the log-probs."""
     algo, dev = shape.algo, policy.device
     policy_loss = POLICY_LOSSES.get(algo.policy_loss)
     aggregate = AGGREGATIONS.get(algo.loss_agg)
@@ -196,7 +199,8 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
             width = full_mask.shape[1]
             inputs = {name: x[rows, :width].to(dev) for name, x in tensors.items() if x is not None}
             inputs["weight"] = aggregation_weights(aggregate, full_mask, denom)
-            return TokenLoss(fused_terms, inputs)
+            return TokenLoss(fused_terms, inputs, liger_loss(policy, shape, kl_coef if (
+                "ref" in inputs and algo.kl_in == "loss") else 0.0) if shape.liger else None)
         ids, attn, cols, mask, ent, logp, *rest = micro_forward(
             policy, ro, rows, shape.temperature, shape.packed, shape.share_prompt, shape.top_k, shape.top_p, term,
             token_loss if meta.get("per_token") else None)
@@ -223,6 +227,16 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
         return loss
 
     step_loop(policy, ro, shape, shuffle_seed, token_denominator(shape), micro_loss, stats)
+
+
+def liger_loss(policy, shape: Shape, kl_coef: float) -> Callable:
+    """liger-kernel's fused ppo_clip + k3 KL loss with the update's settings (TokenLoss.kernel)."""
+    from rlft.rollout.lm_head import chunk_tokens_of
+    from rlft.rollout.liger import policy_kernel
+
+    algo = shape.algo
+    return policy_kernel(float(algo.clip_eps_low), float(algo.clip_eps_high), float(kl_coef), shape.temperature,
+                         chunk_tokens_of(policy))
 
 
 def aggregation_weights(aggregate: Callable, mask: torch.Tensor, denom: AggDenominator) -> torch.Tensor:

@@ -235,6 +235,24 @@ def test_static_and_dynamic_kv_caches_train_the_same_policy(work, tmp_path):
     assert not changed_tensors(weights["static"], weights["dynamic"], atol=1e-6)
 
 
+def test_ligers_fused_loss_trains_the_same_policy_as_rlfts_head(work):
+    """train.fused_loss=liger through the CLI: liger-kernel's fused GRPO loss (k3 KL in the loss) against rlft's
+    chunked head, same seed: the same rewards and KL each step and the same final weights (to fp32 rounding)."""
+    pytest.importorskip("liger_kernel.chunked_loss")
+    curves, weights = {}, {}
+    for fused in ("rlft", "liger"):
+        train(work, "algo=grpo", "train.max_steps=2", f"run.dir=runs/{RUN}/grpo_{fused}", "train.lr=1e-3",
+              f"reward.functions=[{USER_REWARD}:answer_length]", f"train.fused_loss={fused}")
+        out = work / "runs" / RUN / f"grpo_{fused}"
+        curves[fused] = [(r["reward"], r["reward_std"], r["kl"]) for r in rl_records(out)]
+        weights[fused] = load_safetensors(out / "final")
+    assert [c[:2] for c in curves["liger"]] == [c[:2] for c in curves["rlft"]]
+    assert [c[2] for c in curves["liger"]] == pytest.approx([c[2] for c in curves["rlft"]], rel=1e-4, abs=1e-9)
+    assert all(std > 0 for _, std, _ in curves["rlft"]) and curves["rlft"][-1][2] > 1e-6  # a real update
+    assert changed_tensors(load_safetensors(stage_dir(work, RUN, "sft") / "final"), weights["liger"])
+    assert not changed_tensors(weights["rlft"], weights["liger"], atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- RFT
 def test_online_rft(work):
     train(work, "algo=online_rft", "train.max_steps=2", f"reward.functions=[{ALTERNATE}]", "train.lr=1e-3")

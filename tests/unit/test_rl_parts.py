@@ -379,3 +379,46 @@ def test_a_per_token_loss_through_the_head_updates_as_the_log_prob_loss_does(one
         assert got[2].keys() == want[2].keys() and want[2]
         for name in want[2]:
             torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean", "constant-norm"])
+def test_ligers_fused_loss_updates_as_rlfts_head_does(one_rank, agg, monkeypatch):
+    """train.fused_loss=liger: update_policy hands liger's fused GRPO loss the same per-token advantages (here
+    different for every token), importance weights, k3 KL and aggregation weights: the micro-batch losses, every
+    logged metric and every gradient equal rlft's own head's (1e-5)."""
+    pytest.importorskip("liger_kernel.chunked_loss")
+    from rlft.config.validate import validate
+    from rlft.models import load_model, load_tokenizer
+    from rlft.rollout import lm_head
+    from rlft.rollout.logprobs import token_logp
+
+    monkeypatch.setattr(lm_head, "DEFAULT_CHUNK_TOKENS", 3)
+    prompt, completions = [5, 6, 7], [[8, 9, 10, 2], [11, 12, 2], [13, 14, 15, 16, 2], [9, 2]]
+
+    def run(fused):
+        cfg = compose_config("algo=grpo", "rollout.samples_per_prompt=2", "algo.kl_coef=0.05", f"algo.loss_agg={agg}",
+                             f"train.fused_loss={fused}", "train.micro_batch_per_device=2", *TINY_MODEL)
+        validate(cfg)
+        tokenizer = load_tokenizer(cfg.model, "builtin:tiny")
+        ids, attn, mask = rb.build_sequences([prompt] * 4, completions, tokenizer.pad_token_id)
+        model = load_model(cfg.model, "builtin:tiny", tokenizer, seed=cfg.seed)
+        with torch.no_grad():
+            base = token_logp(model, ids, attn) * mask
+        g = torch.Generator().manual_seed(3)
+        ro = rb.Rollout(rows=[{}] * 4, prompt_texts=[""] * 4, completions=[""] * 4, completion_ids=completions,
+                        input_ids=ids, attention_mask=attn, mask=mask, truncated=torch.tensor([False] * 4),
+                        prompt_lens=[3] * 4)
+        ro.put(old_logp=base + 0.6 * torch.randn(mask.shape, generator=g),
+               ref_logp=base + 0.5 * torch.randn(mask.shape, generator=g),
+               is_weight=0.5 + torch.rand(mask.shape, generator=g), adv=torch.randn(mask.shape, generator=g))
+        policy, stats = GradPolicy(model), Sums()
+        update.update_policy(policy, ro, stats, update.Shape.of(cfg), kl_coef=0.05)
+        return policy.losses, stats.reduce(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                               if p.grad is not None}
+    want, got = run("rlft"), run("liger")
+    assert len(want[0]) == 2 and got[0] == pytest.approx(want[0], rel=1e-5)
+    assert 0 < want[1]["clipfrac"] < 1 and got[1].keys() == want[1].keys()
+    assert all(got[1][k] == pytest.approx(want[1][k], rel=1e-5, abs=1e-6) for k in want[1])
+    assert got[2].keys() == want[2].keys() and want[2]
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-5, atol=1e-6, msg=name)
