@@ -127,6 +127,10 @@ def rlft_config(args):
                  f"deepspeed.threads_per_rank={args.threads}", "logger.wandb=disabled", "logger.progress=false"]
     if args.kv_cache_gib:
         overrides.append(f"rollout.vllm.kv_cache_gib={args.kv_cache_gib}")
+    if args.fused_loss != "rlft":
+        overrides.append(f"train.fused_loss={args.fused_loss}")
+    if args.logit_chunk_tokens is not None:
+        overrides.append(f"train.logit_chunk_tokens={args.logit_chunk_tokens}")
     if args.max_staleness:
         overrides += [f"rollout.max_staleness={args.max_staleness}", f"rollout.sampler_threads={args.sampler_threads}"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -396,6 +400,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=0,
                    help="update micro-batch on both sides, accumulated into one optimizer step (0: the whole batch)")
     p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--fused-loss", choices=["rlft", "liger"], default="rlft",
+                   help="rlft's update loss from the final hidden states (train.fused_loss)")
+    p.add_argument("--logit-chunk-tokens", type=int, default=None,
+                   help="train.logit_chunk_tokens (0: the model's own logits; default: by vocabulary)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--threads", type=int, default=0, help="CPU threads per side (0: all cores)")
     p.add_argument("--max-staleness", type=int, default=0,
@@ -454,7 +462,8 @@ def main(argv: list[str]) -> None:
                            f"--new-tokens={args.new_tokens}", f"--precision={args.precision}"]
     workload = {k: getattr(args, k) for k in ("shape", "prompts", "samples", "prompt_tokens", "new_tokens", "kl_coef",
                                               "precision", "cache", "engine",
-                                              "zero_stage", "max_staleness",
+                                              "zero_stage", "max_staleness", "micro_batch", "activation_checkpointing",
+                                              "fused_loss", "logit_chunk_tokens",
                                               "steps", "warmup", "threads", "rounds")}
     if args.peer == "trl":
         workload["peer_cache"] = args.peer_cache

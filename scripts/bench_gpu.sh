@@ -8,7 +8,11 @@
 #   3. the default GPU workload (Qwen2-0.5B shape, bf16, 8 prompts x 8 samples, 128 + 256 tokens):
 #      rlft (hf engine, transformers' compiled static cache) beside TRL's GRPOTrainer at its default,
 #      rlft asynchronous (one rollout ahead), rlft with vllm where vllm imports, rlft with the dynamic
-#      cache, TRL at its best setting without vLLM (static cache, bf16), rlft with a reference model.
+#      cache, TRL at its best setting without vLLM (static cache, bf16), rlft with a reference model;
+#   4. memory: the default workload's whole batch in one micro-batch with activation checkpointing, through
+#      rlft's chunked head, liger-kernel's fused loss (train.fused_loss=liger) and the model's own logits
+#      (train.logit_chunk_tokens=0); SFT through liger's Triton cross-entropy on the GPU.
+# liger-kernel is a pure-Python wheel the GPU machine lacks: `pip download --no-deps liger-kernel==0.8.5 -d .whl`.
 # ONLY=<regex> runs only the steps whose names match (e.g. ONLY='cli_|async').
 # Results (JSON, logs, the printed tables) go to ${OUT:-bench_out}/, each as soon as it is measured;
 # scripts/bench_summary.py makes one table of them with the goals checked.
@@ -40,7 +44,7 @@ run() {
 }
 
 run tests 90 python3 -m pytest -q -p no:cacheprovider tests/unit/test_generate.py tests/unit/test_async_sampler.py \
-  tests/integration/test_vllm.py -k "not two_ranks"
+  tests/integration/test_vllm.py tests/unit/test_liger.py -k "not two_ranks"
 RUNS=$(mktemp -d)
 run cli_sft 60 python3 -m rlft.cli train algo=sft run.name=gpu run.root="$RUNS" train.max_steps=30
 run cli_grpo 90 python3 -m rlft.cli train algo=grpo run.name=gpu run.root="$RUNS" train.max_steps=3
@@ -57,6 +61,17 @@ if python3 -c "import vllm" 2>/dev/null; then
 else
   echo "vllm is not importable here: the vllm rows are skipped" | tee -a "$OUT/steps.txt"
 fi
+run bench_rlft_ckpt 150 python3 scripts/bench.py --engine hf --activation-checkpointing --out "$OUT/bench_rlft_ckpt.json"
+if python3 -c "import liger_kernel.chunked_loss" 2>/dev/null; then
+  run bench_rlft_ckpt_liger 150 python3 scripts/bench.py --engine hf --activation-checkpointing --fused-loss liger \
+    --out "$OUT/bench_rlft_ckpt_liger.json"
+  run cli_sft_liger 60 python3 -m rlft.cli train algo=sft run.name=gpu_liger run.root="$RUNS" train.max_steps=30 \
+    train.fused_loss=liger
+else
+  echo "liger_kernel is not importable here: the liger rows are skipped" | tee -a "$OUT/steps.txt"
+fi
+run bench_rlft_ckpt_logits 150 python3 scripts/bench.py --engine hf --activation-checkpointing --logit-chunk-tokens 0 \
+  --out "$OUT/bench_rlft_ckpt_logits.json"
 run bench_rlft_dynamic 150 python3 scripts/bench.py --engine hf --cache dynamic --out "$OUT/bench_rlft_dynamic.json"
 run bench_trl_static 200 python3 scripts/bench.py --engine hf --peer trl --peer-cache static --peer-dtype bfloat16 --out "$OUT/bench_trl_static.json"
 run bench_rlft_kl 120 python3 scripts/bench.py --kl-coef 0.04 --out "$OUT/bench_rlft_kl.json"

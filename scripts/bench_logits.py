@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Peak memory and step time of the LM head's four ways: the model's own logits (`today`:
+"""Peak memory and step time of the LM head's five ways: the model's own logits (`today`:
 `train.logit_chunk_tokens=0`, rlft before the chunked head), rlft's chunked head with each chunk recomputed in
 the backward (`chunked`: what DPO's and every log-prob-only pass's gradients take), rlft's chunked head with the
 per-token loss differentiated in the forward (`fused`: lm_head.head_loss, what the RL update's per-token losses
-and SFT train through) and TRL's fused LM head (`trl`: `trl.trainer.utils.add_fused_lm_head`, what TRL 1.16's
-GRPOTrainer and SFTTrainer train through), on one micro-batch of the GRPO update and of an SFT step, with and
+and SFT train through), liger-kernel's fused linear loss of the same terms (`liger`: train.fused_loss=liger,
+rlft/rollout/liger.py; its GRPO loss is PyTorch, its SFT cross-entropy a Triton kernel that needs a GPU, so
+this CPU benchmark measures liger on the GRPO update only) and TRL's fused LM head (`trl`:
+`trl.trainer.utils.add_fused_lm_head`, what TRL 1.16's GRPOTrainer and SFTTrainer train through), on one micro-batch of the GRPO update and of an SFT step, with and
 without activation checkpointing.
 
     python scripts/bench_logits.py                                    # SmolLM2's shape, 8 sequences
@@ -39,7 +41,7 @@ import time
 
 from bench import SHAPES, build_model  # scripts/bench.py
 
-PATHS = ("today", "chunked", "fused", "trl")
+PATHS = ("today", "chunked", "fused", "liger", "trl")
 
 
 def rss_gib() -> float:
@@ -113,6 +115,14 @@ def token_terms(stage: str):
     return grpo if stage == "grpo" else sft
 
 
+def liger_kernel(model, stage: str):
+    """liger-kernel's fused loss of `token_terms` (lm_head.TokenLoss.kernel), as train.fused_loss=liger builds it."""
+    from rlft.rollout.liger import nll_kernel, policy_kernel
+    from rlft.rollout.lm_head import chunk_tokens_of
+
+    return policy_kernel(0.2, 0.2, 0.04, 1.0, chunk_tokens_of(model)) if stage == "grpo" else nll_kernel()
+
+
 def step(model, opt, path: str, stage: str, data) -> None:
     from rlft.rollout.lm_head import TokenLoss
     from rlft.rollout.logprobs import response_start, token_logp
@@ -120,10 +130,11 @@ def step(model, opt, path: str, stage: str, data) -> None:
     ids, attn, mask, adv, ref = data
     fn, extra = token_terms(stage), "entropy" if stage == "grpo" else "top1"
     inputs = {"adv": adv, "ref": ref, "weight": mask / mask.sum()}
-    if path.startswith("fused"):
+    if path.startswith(("fused", "liger")):
         chunk_setting(path)
+        kernel = liger_kernel(model, stage) if path.startswith("liger") else None
         _, _, loss = token_logp(model, ids, attn, 1.0, response_start(mask), mask=mask, extras=(extra,),
-                                loss=TokenLoss(fn, inputs))
+                                loss=TokenLoss(fn, inputs, kernel))
     else:
         logp, _ = logp_of(model, path, ids, attn, mask, extra)
         where = mask.bool()
@@ -205,6 +216,7 @@ def main() -> None:
         return
     combos = list(itertools.product(args.shapes.split(","), args.stages.split(","), map(int, args.micro.split(",")),
                                     [c == "on" for c in args.checkpointing.split(",")], args.paths.split(",")))
+    combos = [c for c in combos if not (c[4].startswith("liger") and c[1] == "sft")]  # a Triton kernel: GPU only
     settings = dict(prompt=args.prompt_tokens, response=args.response_tokens, warmup=args.warmup, steps=args.steps,
                     threads=args.threads)
     done = read_done(args.out, settings)

@@ -22,7 +22,8 @@ GOALS = [  # (label, key, better: "max" keeps values at most the bound, "min" at
 ]
 SPEEDUP_GOAL = 6.0  # GPU: TRL's fastest step / rlft's fastest step
 CPU_RATIO_GOAL = 0.5  # CPU: rlft's step / TRL's step in the same report
-RLFT_KEYS = ("engine", "cache", "kl_coef", "max_staleness")
+RLFT_KEYS = ("engine", "cache", "kl_coef", "max_staleness", "micro_batch", "activation_checkpointing", "fused_loss",
+             "logit_chunk_tokens")
 TRL_KEYS = ("peer_cache", "peer_dtype", "kl_coef")
 
 
@@ -33,7 +34,9 @@ def load(directory: Path) -> list[tuple[str, dict]]:
 
 def describe(workload: dict, side: str) -> str:
     keys = RLFT_KEYS if side.startswith("rlft") else TRL_KEYS
-    return ", ".join(f"{k}={workload[k]}" for k in keys if k in workload and (k != "max_staleness" or workload[k]))
+    quiet = {"max_staleness": 0, "micro_batch": 0, "activation_checkpointing": False, "fused_loss": "rlft",
+             "logit_chunk_tokens": None}  # said only where a run sets them
+    return ", ".join(f"{k}={workload[k]}" for k in keys if k in workload and workload[k] != quiet.get(k, object()))
 
 
 def rows(reports: list[tuple[str, dict]]) -> list[dict]:
