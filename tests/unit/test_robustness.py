@@ -157,14 +157,15 @@ def test_resume_config_changes_ignore_free_keys():
 
 def test_which_keys_may_change_on_resume_is_declared_with_each_option():
     """The list is walked from the schema (`free_on_resume` fields, FREE_ON_RESUME sections, each algo schema's
-    own): how long, how often to log/save/evaluate, where and on how many threads; nothing that changes training."""
+    own): how long, how often to log/save/evaluate, where and on how many threads, how the head's loss is computed
+    (the same loss within floating-point order); nothing that changes training."""
     from rlft.config.schema import resume_free_keys
 
     free = set(resume_free_keys())
     assert {"train.max_steps", "train.log_every", "algo.eval_every", "logger", "eval", "rollout.vllm.sleep",
-            "deepspeed.threads_per_rank", "resume"} <= free
+            "deepspeed.threads_per_rank", "resume", "train.logit_chunk_tokens", "train.fused_loss"} <= free
     assert not free & {"train.lr", "train.batch_size", "seed", "algo.kl_coef", "rollout.temperature", "model.path"}
-    assert len(free) == 26
+    assert len(free) == 27
 
 
 def test_a_single_file_holds_out_a_seeded_share():
