@@ -74,12 +74,9 @@ def check_config(cfg) -> None:
                           f"{algo.distill_divergence}): use train.fused_loss=rlft")
 
 
-def linear_head(model) -> torch.nn.Linear:
-    """The model's LM head when liger's losses can read it: a plain linear layer (tied or not, trainable or
-    frozen) whose output is the model's logits (a one-line ConfigError otherwise)."""
-    from rlft.rollout.lm_head import unwrap
-
-    inner = unwrap(model)
+def linear_head(inner) -> torch.nn.Linear:
+    """The LM head of a transformers model (lm_head.unwrap's) when liger's losses can read it: a plain linear layer
+    (tied or not, trainable or frozen) whose output is the model's logits (a one-line ConfigError otherwise)."""
     head = inner.get_output_embeddings()
     if type(head) is not torch.nn.Linear or any(hasattr(p, "ds_id") for p in head.parameters()):
         raise ConfigError(f"train.fused_loss=liger needs a plain linear LM head; {type(inner).__name__}'s is "

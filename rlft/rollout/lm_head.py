@@ -245,7 +245,7 @@ def head_loss(model, hidden: torch.Tensor, targets: torch.Tensor, fn: Callable, 
     if kernel is not None and torch.is_grad_enabled():
         from rlft.rollout.liger import linear_head
 
-        value = kernel(linear_head(model), hidden, targets, inputs) if len(targets) else hidden.sum() * 0.0
+        value = kernel(linear_head(unwrap(model)), hidden, targets, inputs) if len(targets) else hidden.sum() * 0.0
         with torch.no_grad():
             out = head_logp(model, hidden, targets, temperature, extras, chunk_tokens, top_k, top_p, term,
                             teacher_hidden)

@@ -90,8 +90,9 @@ def test_a_head_liger_cannot_read_is_refused_in_one_line():
         linear_head(tiny("gemma2-softcap"))
     lora = peft.get_peft_model(tiny("llama"), peft.LoraConfig(r=4, target_modules=["q_proj", "lm_head"]))
     with pytest.raises(ConfigError, match="plain linear LM head.*fused_loss=rlft"):
-        linear_head(lora)
-    assert linear_head(peft.get_peft_model(tiny("llama"), peft.LoraConfig(r=4, target_modules=["q_proj"]))) is not None
+        linear_head(lm_head.unwrap(lora))
+    plain = peft.get_peft_model(tiny("llama"), peft.LoraConfig(r=4, target_modules=["q_proj"]))
+    assert type(linear_head(lm_head.unwrap(plain))) is torch.nn.Linear
 
 
 SFT_CHECK = textwrap.dedent("""
