@@ -6,8 +6,8 @@ per-token loss differentiated in the forward (`fused`: lm_head.head_loss, what t
 and SFT train through), liger-kernel's fused linear loss of the same terms (`liger`: train.fused_loss=liger,
 rlft/rollout/liger.py; its GRPO loss is PyTorch, its SFT cross-entropy a Triton kernel that needs a GPU, so
 this CPU benchmark measures liger on the GRPO update only) and TRL's fused LM head (`trl`:
-`trl.trainer.utils.add_fused_lm_head`, what TRL 1.16's GRPOTrainer and SFTTrainer train through), on one micro-batch of the GRPO update and of an SFT step, with and
-without activation checkpointing.
+`trl.trainer.utils.add_fused_lm_head`, what TRL 1.16's GRPOTrainer and SFTTrainer train through), on one
+micro-batch of the GRPO update and of an SFT step, with and without activation checkpointing.
 
     python scripts/bench_logits.py                                    # SmolLM2's shape, 8 sequences
     python scripts/bench_logits.py --shapes qwen2-0.5b,smollm2-135m --micro 8,32 --rounds 2 --out bench_logits.jsonl

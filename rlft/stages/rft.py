@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from rlft import dist, envs
@@ -20,7 +22,7 @@ from rlft.models import load_model, load_tokenizer
 from rlft.rewards.scoring import RewardSet
 from rlft.rollout.generate import Frozen, Sampling, build_engine
 from rlft.stages import common, inputs
-from rlft.stages.sft import response_token_count, sft_loss
+from rlft.stages.sft import loss_kernel, response_token_count, sft_loss
 from rlft.trainer import Trainer
 
 
@@ -89,8 +91,8 @@ def run(cfg, ctx: common.StageContext) -> dict:
     examples = samples
     trainer = Trainer(cfg, model)
     summary = common.supervised_loop(ctx, trainer, examples, response_token_count,
-                                     lambda e, x, d: sft_loss(e, x, d, tokenizer.pad_token_id, cfg.train.packing,
-                                                                        str(cfg.train.fused_loss) == "liger"))
+                                     functools.partial(sft_loss, pad_id=tokenizer.pad_token_id,
+                                                       packed=cfg.train.packing, kernel=loss_kernel(cfg)))
     summary.update(stats)
     common.finish(ctx, trainer, tokenizer, parent, summary)
     return summary

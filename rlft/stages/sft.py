@@ -9,6 +9,7 @@ all ranks), so the update is the same whatever the micro-batch size or number of
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 
@@ -28,18 +29,13 @@ def response_token_count(examples: list[dict]) -> int:
 
 
 def sft_loss(trainer: Trainer, examples: list[dict], num_tokens_global: float, pad_id: int, packed: bool = False,
-             liger: bool = False):
+             kernel: Callable | None = None):
     """Sum of response-token cross-entropy in this micro-batch / tokens in the whole step (`packed`: one
-    padding-free forward, train.packing; `liger`: liger-kernel's fused cross-entropy, train.fused_loss=liger)."""
+    padding-free forward, train.packing; `kernel`: liger-kernel's fused cross-entropy, `loss_kernel`)."""
     ids, attn = collate_padded([ex["input_ids"] for ex in examples], pad_id)
     mask = pad_to([ex["loss_mask"] for ex in examples], 0)
     ids, attn, mask = ids.to(trainer.device), attn.to(trainer.device), mask.to(trainer.device)
     target_mask = mask[:, 1:].float()
-    kernel = None
-    if liger:
-        from rlft.rollout.liger import nll_kernel
-
-        kernel = nll_kernel()
     loss = TokenLoss(token_nll, {"weight": target_mask / num_tokens_global}, kernel)
     if packed:
         logp, extra, value = packed_logp(trainer, ids, attn, target_mask, extras=("top1",), loss=loss)
@@ -51,6 +47,15 @@ def sft_loss(trainer: Trainer, examples: list[dict], num_tokens_global: float, p
     count = target_mask.sum()
     stats = {"loss": (nll_sum.item(), count.item()), "token_acc": (correct.item(), count.item())}
     return value, stats
+
+
+def loss_kernel(cfg) -> Callable | None:
+    """SFT's and RFT's TokenLoss.kernel: liger-kernel's fused cross-entropy with train.fused_loss=liger, else None."""
+    if str(cfg.train.fused_loss) != "liger":
+        return None
+    from rlft.rollout.liger import nll_kernel
+
+    return nll_kernel()
 
 
 def token_nll(logp: torch.Tensor, inputs: dict, _divergence=None) -> torch.Tensor:
@@ -72,7 +77,7 @@ def run(cfg, ctx: common.StageContext) -> dict:
     trainer = Trainer(cfg, model)
 
     loss_fn = functools.partial(sft_loss, pad_id=tokenizer.pad_token_id, packed=cfg.train.packing,
-                                liger=str(cfg.train.fused_loss) == "liger")
+                                kernel=loss_kernel(cfg))
     evaluate = (lambda: common.held_out(trainer, test, loss_fn, cfg.train.micro_batch_per_device)) if test else None
     summary = common.supervised_loop(ctx, trainer, train, response_token_count, loss_fn, evaluate=evaluate)
     common.finish(ctx, trainer, tokenizer, parent, summary)

@@ -191,6 +191,10 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
         return token_terms(logp, t.get("old"), t["adv"], torch.ones_like(logp), t.get("ref"), t.get("is_weight"),
                            divergence)[0] * t["weight"]
 
+    kernel = None  # liger's fused loss, built once for the update (its KL only where the loss has one)
+    if shape.liger:
+        kernel = liger_loss(policy, shape, kl_coef if ro.get("ref_logp") is not None and algo.kl_in == "loss" else 0.0)
+
     def micro_loss(ro, rows, denom):  # ro: the rollout as this pass orders it (rows index it)
         adv = ro.need("adv", f"policy loss {algo.policy_loss}")
         tensors = {"adv": adv, "old": ro.get("old_logp"), "ref": ro.get("ref_logp"), "is_weight": ro.get("is_weight")}
@@ -199,8 +203,7 @@ def update_policy(policy, ro: rb.Rollout, stats: Sums, shape: Shape, kl_coef: fl
             width = full_mask.shape[1]
             inputs = {name: x[rows, :width].to(dev) for name, x in tensors.items() if x is not None}
             inputs["weight"] = aggregation_weights(aggregate, full_mask, denom)
-            return TokenLoss(fused_terms, inputs, liger_loss(policy, shape, kl_coef if (
-                "ref" in inputs and algo.kl_in == "loss") else 0.0) if shape.liger else None)
+            return TokenLoss(fused_terms, inputs, kernel)
         ids, attn, cols, mask, ent, logp, *rest = micro_forward(
             policy, ro, rows, shape.temperature, shape.packed, shape.share_prompt, shape.top_k, shape.top_p, term,
             token_loss if meta.get("per_token") else None)
