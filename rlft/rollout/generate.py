@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from rlft.data.encode import collate_padded
+from rlft.rollout.lm_head import cache_kwargs, output_cache
 from rlft.rollout.sampling import (ENGINES, Generations, ModelSource, RolloutEngine, Sampling, assemble,  # noqa: F401
                                    cut_at_eos)
 
@@ -122,8 +123,8 @@ def shared_prefill(model, ids: torch.Tensor, attn: torch.Tensor):
     expand = torch.cumsum(torch.cat([torch.ones(1, dtype=torch.long, device=ids.device), (~same).long()]), 0) - 1
     mask = attn[heads, :-1]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = model(input_ids=ids[heads, :-1], attention_mask=mask, position_ids=positions,
-                  past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1).past_key_values
+    cache = output_cache(model(input_ids=ids[heads, :-1], attention_mask=mask, position_ids=positions,
+                               use_cache=True, logits_to_keep=1, **cache_kwargs(model, DynamicCache())))
     cache.batch_select_indices(expand)
     return cache
 
@@ -196,7 +197,7 @@ class HFEngine:
                 if c.hf_cache == "static":
                     kwargs.update(cache_implementation="static", disable_compile=not c.hf_compile)
                 elif c.hf_share_prefill:
-                    kwargs.update(past_key_values=shared_prefill(model, ids.to(self.device), attn.to(self.device)))
+                    kwargs.update(cache_kwargs(model, shared_prefill(model, ids.to(self.device), attn.to(self.device))))
                 seqs = model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), **kwargs)
                 new = seqs[:, ids.shape[1]:]
                 logp = recorder.finish(new[:, -1]) if new.shape[1] else torch.zeros(len(chunk), 0)

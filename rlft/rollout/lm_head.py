@@ -29,6 +29,7 @@ model's own logits).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,6 +66,20 @@ def unwrap(model) -> torch.nn.Module:
     while isinstance(getattr(model, "module", None), torch.nn.Module):  # rlft's Trainer, a DeepSpeed engine
         model = model.module
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def cache_kwargs(model, cache) -> dict:
+    """`cache` under the keyword the model's forward (and `generate`) take a KV cache by: transformers 5.2x
+    renamed `past_key_values` to `cache` (the old name deprecated there, and dropped from the forwards in 5.40,
+    where it would be ignored without an error); earlier releases and remote-code models keep the old name."""
+    forward = inspect.signature(type(unwrap(model)).forward).parameters
+    return {"cache" if "cache" in forward else "past_key_values": cache}
+
+
+def output_cache(out):
+    """The KV cache a forward with use_cache=True returned (`cache`, or `past_key_values` before the rename)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def logit_processing(config) -> Callable[[torch.Tensor], torch.Tensor]:

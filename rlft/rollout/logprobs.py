@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from rlft.errors import ConfigError
-from rlft.rollout.lm_head import (TeacherTerm, TokenLoss, chunk_tokens_of, entropy_of, head_logp, head_loss,
-                                  hidden_forward, truncate)
+from rlft.rollout.lm_head import (TeacherTerm, TokenLoss, cache_kwargs, chunk_tokens_of, entropy_of, head_logp,
+                                  head_loss, hidden_forward, output_cache, truncate)
 
 CHUNK_BYTES = 2**29  # fp32 logits upcast at a time by selective_logp and the entropy (512 MiB)
 
@@ -77,11 +77,11 @@ def prompt_runs(input_ids: torch.Tensor, prompt_lens: list[int]) -> list[int]:
     return counts
 
 
-def shared_prompt_states(forward, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lens: list[int],
-                         start: int = 0) -> torch.Tensor:
+def shared_prompt_states(model, forward, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         prompt_lens: list[int], start: int = 0) -> torch.Tensor:
     """Per-position states [B, L-1-start, D] of right-padded prompt + completion rows (column c: what predicts
-    token c + 1), each distinct prompt run once; `forward(**inputs)` gives (states [b, t, D], the model's
-    output): the model's logits or its final hidden states.
+    token c + 1), each distinct prompt run once; `forward(**inputs)` runs `model` and gives (states [b, t, D],
+    the model's output): the model's logits or its final hidden states.
 
     Rows whose prompt is the same (a group's G completions) share one forward of that prompt: its keys and
     values (transformers' KV cache, gradients flowing through it) are repeated for each of its rows, and the
@@ -101,10 +101,11 @@ def shared_prompt_states(forward, input_ids: torch.Tensor, attention_mask: torch
     prompt_mask = (torch.arange(width, device=dev)[None] < p_len[:, None]).long()
     prompt_ids = input_ids[heads, :width] * prompt_mask
     cache = DynamicCache()  # its layers are made as the prompt forward fills them
-    states, out = forward(input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, use_cache=True)
+    states, out = forward(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True,
+                          **cache_kwargs(model, cache))
     expand = torch.repeat_interleave(torch.arange(len(counts), device=dev), torch.tensor(counts, device=dev))
     last = states[torch.arange(len(counts), device=dev), p_len - 1][expand]  # [B, D]: predicts token p
-    cache = out.past_key_values
+    cache = output_cache(out)
     cache.batch_select_indices(expand)
     tail = int((L - lens).max())  # the longest completion part (to the padded width)
     offsets = torch.arange(tail, device=dev)[None]
@@ -114,7 +115,7 @@ def shared_prompt_states(forward, input_ids: torch.Tensor, attention_mask: torch
     comp_mask = attention_mask.gather(1, cols) * inside
     full_mask = torch.cat([prompt_mask[expand], comp_mask.long()], 1)
     comp, _ = forward(input_ids=comp_ids, attention_mask=full_mask, position_ids=lens[:, None] + offsets,
-                      past_key_values=cache, use_cache=False)  # [B, tail, D]: predicts token p + j + 1
+                      use_cache=False, **cache_kwargs(model, cache))  # [B, tail, D]: predicts token p + j + 1
     source = torch.cat([last[:, None], comp], 1)  # index k predicts token p + k (target column p - 1 + k)
     target_cols = torch.arange(start, L - 1, device=dev)[None]
     k = target_cols - (lens[:, None] - 1)
@@ -129,7 +130,7 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
     def forward(**inputs):
         out = model(**inputs)
         return out.logits, out
-    logits = shared_prompt_states(forward, input_ids, attention_mask, prompt_lens, start)
+    logits = shared_prompt_states(model, forward, input_ids, attention_mask, prompt_lens, start)
     return logits / temperature if temperature != 1.0 else logits
 
 
@@ -174,7 +175,7 @@ def token_logp(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, tem
         def states(of):
             if prompt_lens is None:
                 return forward_hidden(of, input_ids, attention_mask, start)
-            return shared_prompt_states(lambda **inputs: hidden_forward(of, **inputs), input_ids, attention_mask,
+            return shared_prompt_states(of, lambda **inputs: hidden_forward(of, **inputs), input_ids, attention_mask,
                                         prompt_lens, start)
         hidden = states(model)
         teacher_hidden = None

@@ -4,11 +4,14 @@ model with tied embeddings and one without, with prompts of different lengths an
 forwards."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from rlft.rollout import batch as rb
 from rlft.rollout.generate import shared_prefill
+from rlft.rollout.lm_head import cache_kwargs
 from rlft.rollout.logprobs import forward_logits, prompt_runs, response_start, selective_logp, shared_prompt_logits
 
 
@@ -59,7 +62,9 @@ def test_shared_prompt_logits_equal_the_whole_sequence_forward(kind, temperature
         return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     whole, g_whole = logp_and_grads(lambda: forward_logits(model, ids, attn, start, temperature))
-    shared, g_shared = logp_and_grads(lambda: shared_prompt_logits(model, ids, attn, lens, start, temperature))
+    with warnings.catch_warnings():  # the KV cache goes by the keyword this transformers reads (no deprecation)
+        warnings.simplefilter("error", FutureWarning)
+        shared, g_shared = logp_and_grads(lambda: shared_prompt_logits(model, ids, attn, lens, start, temperature))
     assert (whole - shared)[response].abs().max() < 1e-5
     assert max((g_whole[n] - g_shared[n]).abs().max() for n in g_whole) < 1e-5
     assert all(g_shared[n].abs().sum() > 0 for n in g_shared)  # gradients reach every weight, the prompt's too
@@ -75,8 +80,10 @@ def test_a_shared_prefill_generates_what_a_full_prefill_does(kind):
     kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
         full = model.generate(input_ids=ids, attention_mask=attn, **kwargs)
-        cache = shared_prefill(model, ids, attn)
-        assert cache.get_seq_length() == width - 1 and cache.layers[0].keys.shape[0] == len(rows)
-        shared = model.generate(input_ids=ids, attention_mask=attn, past_key_values=cache, **kwargs)
+        with warnings.catch_warnings():  # the cache's keyword is the one this transformers reads (no deprecation)
+            warnings.simplefilter("error", FutureWarning)
+            cache = shared_prefill(model, ids, attn)
+            assert cache.get_seq_length() == width - 1 and cache.layers[0].keys.shape[0] == len(rows)
+            shared = model.generate(input_ids=ids, attention_mask=attn, **cache_kwargs(model, cache), **kwargs)
         assert shared_prefill(model, ids[[0, 2, 5]], attn[[0, 2, 5]]) is None  # nothing to share
     assert torch.equal(full, shared)
