@@ -4,7 +4,8 @@
 # each step cut at its share of the time left (BUDGET seconds in all, default 480):
 #   1. the rollout engines' tests and the asynchronous sampler's tests on the GPU;
 #   2. the tiny pipeline through the CLI on the GPU: SFT, GRPO, GRPO with rollout.max_staleness=1
-#      (a sampler process on the same GPU), PPO, eval; each must finish and write its checkpoint;
+#      (a sampler process on the same GPU), PPO, distillation from the GRPO model in bf16 (its log names the
+#      teacher's dtype and device; metrics.jsonl has time/teacher_s), eval; each must finish and write its checkpoint;
 #   3. the default GPU workload (Qwen2-0.5B shape, bf16, 8 prompts x 8 samples, 128 + 256 tokens):
 #      rlft (hf engine, transformers' compiled static cache) beside TRL's GRPOTrainer at its default,
 #      rlft asynchronous (one rollout ahead), rlft with vllm where vllm imports, rlft with the dynamic
@@ -51,6 +52,8 @@ run cli_grpo 90 python3 -m rlft.cli train algo=grpo run.name=gpu run.root="$RUNS
 run cli_grpo_async 90 python3 -m rlft.cli train algo=grpo run.name=gpu_async run.root="$RUNS" \
   model.path="$RUNS/gpu/sft/final" train.max_steps=3 rollout.max_staleness=1
 run cli_ppo 90 python3 -m rlft.cli train algo=ppo run.name=gpu run.root="$RUNS" train.max_steps=4 critic.init=stage:sft
+run cli_distill 90 python3 -m rlft.cli train algo=distill run.name=gpu run.root="$RUNS" train.max_steps=3 \
+  teacher.path="$RUNS/gpu/grpo/final" deepspeed.precision=bf16
 run cli_eval 60 python3 -m rlft.cli eval run.name=gpu run.root="$RUNS" eval.num_problems=50
 ls "$RUNS"/gpu/*/final "$RUNS"/gpu_async/*/final >> "$OUT/steps.txt" 2>&1
 run bench_trl_default 200 python3 scripts/bench.py --engine hf --peer trl --peer-cache default --out "$OUT/bench_trl_default.json"

@@ -178,7 +178,8 @@ def build_models(cfg, parent: str, tokenizer) -> tuple:
     critic = build_critic(cfg, tokenizer) if trains_critic(cfg) else None
     teacher = load_reference(cfg, teacher_at, tokenizer) if teacher_at else None
     if teacher is not None:
-        dist.print0(f"[rlft] teacher: {teacher_at}")
+        weights = next(teacher.module.parameters())
+        dist.print0(f"[rlft] teacher: {teacher_at} ({str(weights.dtype).removeprefix('torch.')} on {weights.device})")
     return policy, reference, critic, teacher
 
 

@@ -1,7 +1,8 @@
 """On-policy distillation (algo=distill) on the tiny model: the student samples, a teacher scores every sampled
 token, the per-token reverse KL to the teacher falls; a teacher identical to the student changes nothing; a
 teacher with another tokenizer is refused in one line before any model loads; multi-turn trajectories (the
-environment's tokens carry no advantage) resume to the uninterrupted run's weights; LoRA students train."""
+environment's tokens carry no advantage) resume to the uninterrupted run's weights; LoRA students train, and so
+does a student sampling one rollout ahead."""
 from __future__ import annotations
 
 import shutil
@@ -26,10 +27,14 @@ def root(tmp_path_factory):
     return root
 
 
+CONSOLE: dict[str, str] = {}  # each run's printed output, by run name
+
+
 def run(root, name, *args):
     out = root / "runs" / RUN / name
-    check_ok(run_cli_retrying_abort(root, "train", *DISTILL, f"run.dir=runs/{RUN}/{name}", *args, *TINY, clean=out,
-                                    timeout=600, env=rl_env()))
+    proc = check_ok(run_cli_retrying_abort(root, "train", *DISTILL, f"run.dir=runs/{RUN}/{name}", *args, *TINY,
+                                           clean=out, timeout=600, env=rl_env()))
+    CONSOLE[name] = proc.stdout + proc.stderr
     return out
 
 
@@ -44,6 +49,7 @@ def test_the_student_moves_towards_its_teacher(root):
     # the sampled reverse KL to the teacher (about 7 nats per token at first) falls: 7.06 -> 6.81 when written
     assert len(kl) == 4 and kl[0] > 1.0 and kl[-1] < kl[0] - 0.1, kl
     assert all(r["time/teacher_s"] > 0 for r in records)  # the teacher's forward is its own timed phase
+    assert "(float32 on cpu)" in CONSOLE["plain"]  # the run says in which dtype and where the teacher runs
     sft = load_safetensors(stage_dir(root, RUN, "sft") / "final")
     assert changed_tensors(sft, load_safetensors(out / "final"), atol=1e-7)
     AutoModelForCausalLM.from_pretrained(out / "final")
@@ -102,6 +108,17 @@ def test_a_lora_student_distills_with_its_base_unchanged(root):
     assert len(teacher_records(out)) == 2
     sft = load_safetensors(stage_dir(root, RUN, "sft") / "final")
     assert changed_tensors(sft, load_safetensors(out / "final"), atol=1e-7)  # the merged adapter moved the model
+
+
+def test_a_student_sampling_one_rollout_ahead_distills(root):
+    """Asynchronous sampling (rollout.max_staleness=1, a sampler process one policy version behind): the
+    teacher scores the sampler's tokens like any other, every step logs its KL, and the student moves."""
+    out = run(root, "async", "train.max_steps=3", "rollout.max_staleness=1")
+    records = teacher_records(out)
+    assert len(records) == 3 and all(r["teacher_kl"] > 0 and r["time/teacher_s"] > 0 for r in records), records
+    assert max(r["staleness_max"] for r in records) == 1  # the later rollouts were sampled one version behind
+    sft = load_safetensors(stage_dir(root, RUN, "sft") / "final")
+    assert changed_tensors(sft, load_safetensors(out / "final"), atol=1e-7)
 
 
 def divergence_records(out) -> list[dict]:
