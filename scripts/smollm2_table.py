@@ -257,8 +257,8 @@ def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str],
             for seed, name, a in got:
                 csv.append(f"{row},{algo},{seed},{a['greedy']:.4f},{a['pass@4']:.4f},{times.get(f'{row}/{name}', '')}")
         if any(a.startswith("distill") for a in algos):
-            lines += ["", *distill_lines(root, row, seeds, [a for a in ["grpo_40", *algos] if a.startswith("distill")
-                                                              or a == "grpo_40"], shared_teacher)]
+            compared = ["grpo_40", *(a for a in algos if a.startswith("distill"))]
+            lines += ["", *distill_lines(root, row, seeds, compared, shared_teacher)]
     (root / "smollm2_table.md").write_text("\n".join(lines) + "\n")
     (root / "smollm2_table.csv").write_text("\n".join(csv) + "\n")
     print("\n".join(lines))

@@ -117,3 +117,9 @@ def test_a_shared_teachers_evaluation_is_every_seeds_teacher(tmp_path):
     assert [c.strip() for c in distill.split("|")[2:5]] == ["2", "10.0 ± 14.1", "33%"]  # 10 of the mean 30 points
     assert "--teacher" in lines[0]
     assert not [line for line in table.distill_lines(tmp_path, "chain_sum", [0, 1], ["distill"]) if "| distill" in line]
+    for seed in (0, 1):
+        write_eval(tmp_path, f"chain_sum-grpo_40_s{seed}", 0.6)
+    table.write_table(tmp_path, ["chain_sum"], [0, 1], ["grpo_40", "distill"], {}, shared_teacher=True)
+    rows = [line.split("|")[1].strip() for line in (tmp_path / "smollm2_table.md").read_text().split("\n\n")[-1]
+            .splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["model", "sft", "grpo_40", "distill"]  # each model once
