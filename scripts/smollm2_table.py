@@ -22,8 +22,9 @@ Rows (each with the recipes experiment=smollm2_{sft,grpo,online_rft} unchanged):
 Algorithms: sft, grpo (experiment=smollm2_grpo), online_rft, grpo_before (the GRPO recipe as it was before
 its tuning: 60 rollouts of 8 prompts x 8 samples), grpo_pool (the recipe with the difficulty pool over 256
 training questions), grpo_256 (the same 256 questions without the pool), grpo_40 (the recipe's run at half its
-rollouts, which grpo then resumes), distill and distill_outcome (on-policy distillation from the seed's grpo model
-for 40 rollouts, alone and with the outcome reward; `--algos grpo_40,grpo,distill,distill_outcome`). Per seed:
+rollouts, which grpo then resumes), distill and distill_outcome (on-policy distillation for 40 rollouts, alone and
+with the outcome reward, from the seed's grpo model or from one --teacher for every seed; `--algos
+grpo_40,grpo,distill,distill_outcome`). Per seed:
 SFT (seed s) -> each RL algorithm from that SFT model (seed s); the base model is evaluated once. Every model is evaluated on the
 row's held-out problems (greedy, pass@4).
 
@@ -264,9 +265,9 @@ def write_table(root: Path, rows: list[str], seeds: list[int], algos: list[str],
     print("\n".join(lines))
 
 
-def teacher_eval(row: str, seed: int, shared: bool) -> str:
-    """The evaluation folder's name of a seed's teacher: the shared teacher's (`--teacher`), or the seed's grpo."""
-    return f"{row}-teacher" if shared else f"{row}-grpo_s{seed}"
+def teacher_name(seed: int, shared: bool) -> str:
+    """The evaluation name of a seed's teacher: the shared teacher (`--teacher`), or the seed's grpo model."""
+    return "teacher" if shared else f"grpo_s{seed}"
 
 
 def agreement(root: Path, row: str, algo: str, seeds: list[int], shared: bool = False) -> str:
@@ -275,7 +276,7 @@ def agreement(root: Path, row: str, algo: str, seeds: list[int], shared: bool = 
     same = total = 0
     for s in seeds:
         mine = greedy_right(root / "eval" / f"{row}-{algo}_s{s}")
-        teacher = greedy_right(root / "eval" / teacher_eval(row, s, shared))
+        teacher = greedy_right(root / "eval" / f"{row}-{teacher_name(s, shared)}")
         if mine is not None and teacher is not None:
             same, total = same + sum(a == b for (_, a), (_, b) in zip(mine, teacher)), total + len(mine)
     return f"{100 * same / total:.1f}%" if total else ""
@@ -290,17 +291,16 @@ def distill_lines(root: Path, row: str, seeds: list[int], algos: list[str], shar
     lines = [f"{row}: the teacher is {whose}; grpo_40 is GRPO at the samples distillation trained on",
              "", "| model | seeds | gain over SFT | share of the teacher's gain | fixed / broken vs grpo_40 | "
              "agrees with the teacher |", "|" + "---|" * 6]
-    def greedy(name: str) -> float | None:
-        path = root / "eval" / name / "eval.json"
-        return json.loads(path.read_text())["metrics"]["greedy_accuracy"] if path.is_file() else None
-
     for algo in ["sft", *algos]:
-        done = [s for s in seeds if None not in (greedy(f"{row}-{algo}_s{s}"), greedy(f"{row}-sft_s{s}"),
-                                                 greedy(teacher_eval(row, s, shared)))]
-        if not done:
+        # each seed's (this model's, its SFT model's, its teacher's) evaluations, where all three exist
+        evals = {s: [accuracy(root, row, name) for name in (f"{algo}_s{s}", f"sft_s{s}", teacher_name(s, shared))]
+                 for s in seeds}
+        greedy = {s: [a["greedy"] for a in found] for s, found in evals.items() if None not in found}
+        if not greedy:
             continue
-        gain = [greedy(f"{row}-{algo}_s{s}") - greedy(f"{row}-sft_s{s}") for s in done]
-        teacher = [greedy(teacher_eval(row, s, shared)) - greedy(f"{row}-sft_s{s}") for s in done]
+        done = list(greedy)
+        gain = [mine - sft for mine, sft, _ in greedy.values()]
+        teacher = [best - sft for _, sft, best in greedy.values()]
         share = f"{100 * statistics.mean(gain) / statistics.mean(teacher):.0f}%" \
             if algo != "sft" and statistics.mean(teacher) > 0 else ""
         versus = "" if algo in ("sft", "grpo_40") else \
