@@ -24,9 +24,8 @@ its tuning: 60 rollouts of 8 prompts x 8 samples), grpo_pool (the recipe with th
 training questions), grpo_256 (the same 256 questions without the pool), grpo_40 (the recipe's run at half its
 rollouts, which grpo then resumes), distill and distill_outcome (on-policy distillation for 40 rollouts, alone and
 with the outcome reward, from the seed's grpo model or from one --teacher for every seed; `--algos
-grpo_40,grpo,distill,distill_outcome`). Per seed:
-SFT (seed s) -> each RL algorithm from that SFT model (seed s); the base model is evaluated once. Every model is evaluated on the
-row's held-out problems (greedy, pass@4).
+grpo_40,grpo,distill,distill_outcome`). Per seed: SFT (seed s) -> each RL algorithm from that SFT model (seed s);
+the base model is evaluated once. Every model is evaluated on the row's held-out problems (greedy, pass@4).
 
 Runs go to runs/<run>/<row>/<algo>_s<seed>/, evaluations to
 runs/<run>/eval/<row>-<name>/; finished ones are not redone. Writes runs/<run>/smollm2_table.{md,csv}
